@@ -1,0 +1,591 @@
+-- Envelopes, signals, and the two phases of a send (WACP §4–§7).
+--
+-- Phase 1 (_submit) validates and records `envelope_created` (or `envelope_rejected`) in the
+-- sender's chain and commits durably. Phase 2 (_drain) places validated envelopes in the
+-- receiver's inbox in creation order and, in the same transaction, emits the `acknowledged`
+-- signal; its entries go to the receiver's chain. A crash between the phases leaves envelopes
+-- in status `validated`; recover() completes them. Every phase locks chains in sorted order.
+
+CREATE SEQUENCE agentpost.envelope_seq;
+
+CREATE TABLE agentpost.envelopes (
+    id              text PRIMARY KEY,
+    seq             bigint NOT NULL UNIQUE,
+    sender          text NOT NULL,
+    recipient       text NOT NULL,
+    originator      text NOT NULL,
+    type            text NOT NULL,
+    format          text NOT NULL,
+    content         text,
+    attachments     jsonb NOT NULL DEFAULT '[]',
+    in_reply_to     text,
+    rights          jsonb NOT NULL DEFAULT '[]',
+    priority        text NOT NULL CHECK (priority IN ('normal', 'urgent', 'blocking')),
+    rank            smallint GENERATED ALWAYS AS (
+                        CASE priority WHEN 'blocking' THEN 0 WHEN 'urgent' THEN 1 ELSE 2 END
+                    ) STORED,
+    origin          text NOT NULL CHECK (origin IN ('agent', 'human')),
+    status          text NOT NULL CHECK (status IN (
+                        'validated', 'acknowledged', 'rejected', 'undeliverable')),
+    reason          text,
+    created_at      timestamptz NOT NULL,
+    delivered_at    timestamptz,
+    consumed_at     timestamptz,
+    attempts        int NOT NULL DEFAULT 0,
+    next_attempt_at timestamptz
+);
+
+-- the inbox in processing order: blocking, urgent, normal; creation order within a level
+CREATE INDEX envelopes_inbox ON agentpost.envelopes (recipient, rank, seq)
+    WHERE status = 'acknowledged' AND consumed_at IS NULL;
+-- validated but not yet delivered (queued, backing off, or cut off by a crash)
+CREATE INDEX envelopes_pending ON agentpost.envelopes (recipient, seq)
+    WHERE status = 'validated';
+CREATE INDEX envelopes_channel ON agentpost.envelopes (sender, recipient, seq);
+
+-- Signals the runtime emits to workspaces: acknowledged (ref = envelope id), failed,
+-- rejected (the sender's notification of a rejection).
+CREATE TABLE agentpost.signals (
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    workspace_id text NOT NULL,
+    signal       text NOT NULL,
+    ref          text,
+    reason       text,
+    emitted_by   text,
+    at           timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+CREATE INDEX signals_workspace ON agentpost.signals (workspace_id, id);
+
+CREATE FUNCTION agentpost._permitted(p_type text, p_sender text, p_slin text[], p_sdel boolean,
+                                     p_sparent text, p_recipient text, p_tlin text[],
+                                     p_tdel boolean, p_tparent text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM agentpost.permissions p
+                    WHERE p.type = p_type
+                      AND p.sender_role = ANY (p_slin)
+                      AND p.receiver_role = ANY (p_tlin))
+        -- delegation (WACP §2): directive/feedback down to the delegate's children, query up
+        OR (p_sdel AND p_tparent = p_sender AND p_type IN ('directive', 'feedback'))
+        OR (p_tdel AND p_sparent = p_recipient AND p_type = 'query');
+$$;
+
+-- Phase 1: validate drafts (structure, then permission, then send right; the first failure is
+-- the reason), record them, consume send-once rights, put transferred send-once rights in
+-- transit. Senders' chains stay locked until commit, so creation order is commit order per
+-- sender, and so per channel.
+CREATE FUNCTION agentpost._submit(p_drafts jsonb, p_origin text, p_user text)
+RETURNS TABLE (idx int, envelope_id text, status text, reason text, recipient text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+    tr record;
+    n int := 0;
+    v_id text;
+    v_reason text;
+    v_has_send boolean;
+    v_consumed text;
+    v_right text;
+    v_ts timestamptz;
+    v_last timestamptz;
+    v_ok boolean;
+    e_idx int[]; e_id text[]; e_seq bigint[]; e_sender text[]; e_recipient text[];
+    e_orig text[]; e_type text[]; e_format text[]; e_content text[]; e_att jsonb[];
+    e_reply text[]; e_rights jsonb[]; e_prio text[]; e_status text[]; e_reason text[];
+    e_ts timestamptz[];
+    t_chain text[]; t_event text[]; t_env text[]; t_body jsonb[];
+    m int := 0;
+BEGIN
+    IF p_origin = 'agent' THEN
+        SELECT d.sender INTO v_id
+          FROM jsonb_to_recordset(p_drafts) AS d(sender text)
+          LEFT JOIN agentpost.workspaces w ON w.id = d.sender
+         WHERE w.id IS NULL LIMIT 1;
+        IF FOUND THEN
+            PERFORM agentpost._fail('AP404', format('unknown sender workspace %L', v_id));
+        END IF;
+        SELECT w.id INTO v_id
+          FROM jsonb_to_recordset(p_drafts) AS d(sender text)
+          JOIN agentpost.workspaces w ON w.id = d.sender
+         WHERE w.state IN ('closed', 'failed') LIMIT 1;
+        IF FOUND THEN
+            PERFORM agentpost._fail('AP409',
+                format('workspace %L is in a terminal state and cannot send', v_id));
+        END IF;
+    END IF;
+
+    v_last := agentpost._lock_chains(ARRAY(
+        SELECT d.sender FROM jsonb_to_recordset(p_drafts) AS d(sender text)));
+
+    FOR r IN
+        SELECT d.*, s.lineage AS slin, s.originator AS sorig, s.parent AS sparent,
+               s.delegation AS sdel, t.id AS tid, t.state AS tstate, t.lineage AS tlin,
+               t.parent AS tparent, t.delegation AS tdel, ty.name AS tyname,
+               ty.required_fields AS req
+          FROM jsonb_to_recordset(p_drafts) AS d(
+                   i int, sender text, recipient text, type text, format text, content text,
+                   attachments jsonb, in_reply_to text, priority text, rights jsonb,
+                   keys text[], malformed text)
+          LEFT JOIN agentpost.workspaces s ON s.id = d.sender
+          LEFT JOIN agentpost.workspaces t ON t.id = d.recipient
+          LEFT JOIN agentpost.envelope_types ty ON ty.name = d.type
+         ORDER BY d.i
+    LOOP
+        n := n + 1;
+        v_id := gen_random_uuid()::text;
+        v_consumed := NULL;
+        v_reason := CASE
+            WHEN r.malformed IS NOT NULL THEN 'invalid_structure'
+            WHEN r.tyname IS NULL THEN 'invalid_type'
+            WHEN r.tid IS NULL THEN 'target_not_found'
+            WHEN r.tstate IN ('integrating', 'closed', 'failed') THEN 'target_terminal'
+            WHEN cardinality(r.req) > 0 AND NOT coalesce(r.req <@ r.keys, false)
+                THEN 'invalid_structure'
+        END;
+        IF v_reason IS NULL AND p_origin = 'agent'
+           AND NOT agentpost._permitted(r.type, r.sender, r.slin, r.sdel, r.sparent,
+                                        r.recipient, r.tlin, r.tdel, r.tparent) THEN
+            v_reason := 'permission_denied';
+        END IF;
+        IF v_reason IS NULL AND p_origin = 'human'
+           AND jsonb_array_length(coalesce(r.rights, '[]')) > 0 THEN
+            v_reason := 'no_send_right';  -- a human holds no port rights to transfer
+        END IF;
+        IF v_reason IS NULL AND p_origin = 'agent' THEN
+            v_has_send := EXISTS (
+                SELECT 1 FROM agentpost.port_rights pr
+                 WHERE pr.holder = r.sender AND pr.target = r.recipient
+                   AND pr.kind = 'send' AND pr.state = 'live');
+            IF NOT v_has_send OR jsonb_array_length(coalesce(r.rights, '[]')) > 0 THEN
+                -- the rare path: consume a send-once right and/or move transferred rights,
+                -- all or nothing
+                BEGIN
+                    IF NOT v_has_send THEN
+                        UPDATE agentpost.port_rights pr
+                           SET state = 'consumed', ended_at = clock_timestamp(),
+                               via_envelope = v_id
+                         WHERE pr.id = (SELECT x.id FROM agentpost.port_rights x
+                                         WHERE x.holder = r.sender AND x.target = r.recipient
+                                           AND x.kind = 'send_once' AND x.state = 'live'
+                                         ORDER BY x.created_at, x.id LIMIT 1)
+                        RETURNING pr.id INTO v_consumed;
+                        IF v_consumed IS NULL THEN
+                            RAISE EXCEPTION USING ERRCODE = 'AP499';
+                        END IF;
+                    END IF;
+                    FOR tr IN SELECT x.type AS kind, x.target
+                                FROM jsonb_to_recordset(coalesce(r.rights, '[]'))
+                                     AS x(type text, target text)
+                    LOOP
+                        IF tr.kind = 'send' THEN
+                            v_ok := EXISTS (
+                                SELECT 1 FROM agentpost.port_rights x
+                                 WHERE x.holder = r.sender AND x.target = tr.target
+                                   AND x.kind = 'send' AND x.state = 'live');
+                        ELSE
+                            v_right := NULL;
+                            UPDATE agentpost.port_rights pr
+                               SET state = 'in_transit', via_envelope = v_id
+                             WHERE pr.id = (SELECT x.id FROM agentpost.port_rights x
+                                             WHERE x.holder = r.sender
+                                               AND x.target = tr.target
+                                               AND x.kind = 'send_once'
+                                               AND x.state = 'live'
+                                             ORDER BY x.created_at, x.id LIMIT 1)
+                            RETURNING pr.id INTO v_right;
+                            v_ok := v_right IS NOT NULL;
+                        END IF;
+                        IF NOT v_ok THEN
+                            RAISE EXCEPTION USING ERRCODE = 'AP499';
+                        END IF;
+                    END LOOP;
+                EXCEPTION WHEN SQLSTATE 'AP499' THEN
+                    v_reason := 'no_send_right';
+                    v_consumed := NULL;
+                END;
+            END IF;
+        END IF;
+
+        v_ts := greatest(clock_timestamp(), v_last + interval '1 microsecond');
+        v_last := v_ts;
+        e_idx[n] := r.i;
+        e_id[n] := v_id;
+        e_seq[n] := nextval('agentpost.envelope_seq');
+        e_sender[n] := r.sender;
+        e_recipient[n] := r.recipient;
+        e_orig[n] := CASE WHEN p_origin = 'human' THEN p_user ELSE r.sorig END;
+        e_type[n] := r.type;
+        e_format[n] := r.format;
+        e_prio[n] := r.priority;
+        e_ts[n] := v_ts;
+        e_reply[n] := r.in_reply_to;
+        e_reason[n] := v_reason;
+        IF v_reason IS NULL THEN
+            e_status[n] := 'validated';
+            e_content[n] := r.content;
+            e_att[n] := coalesce(r.attachments, '[]');
+            e_rights[n] := coalesce(r.rights, '[]');
+            m := m + 1;
+            t_chain[m] := r.sender; t_event[m] := 'envelope_created'; t_env[m] := v_id;
+            t_body[m] := jsonb_build_object(
+                'envelope_id', v_id, 'from', r.sender, 'to', r.recipient, 'type', r.type,
+                'priority', r.priority, 'in_reply_to', r.in_reply_to,
+                'originator', e_orig[n], 'origin', p_origin, 'timestamp', v_ts);
+            IF v_consumed IS NOT NULL THEN
+                m := m + 1;
+                t_chain[m] := r.sender; t_event[m] := 'port_right_consumed'; t_env[m] := v_id;
+                t_body[m] := jsonb_build_object('right_id', v_consumed, 'holder', r.sender,
+                                                'target', r.recipient, 'via_envelope', v_id);
+            END IF;
+        ELSE
+            -- a rejected envelope keeps its id and metadata, never its payload
+            e_status[n] := 'rejected';
+            e_content[n] := NULL;
+            e_att[n] := '[]';
+            e_rights[n] := '[]';
+            m := m + 1;
+            t_chain[m] := r.sender; t_event[m] := 'envelope_rejected'; t_env[m] := v_id;
+            t_body[m] := jsonb_build_object(
+                'envelope_id', v_id, 'from', r.sender, 'to', r.recipient, 'type', r.type,
+                'reason', v_reason, 'timestamp', v_ts);
+            m := m + 1;
+            t_chain[m] := r.sender; t_event[m] := 'signal_emitted'; t_env[m] := v_id;
+            t_body[m] := jsonb_build_object('signal', 'rejected', 'ref', v_id,
+                                            'to', r.sender, 'reason', v_reason);
+        END IF;
+    END LOOP;
+
+    INSERT INTO agentpost.envelopes (id, seq, sender, recipient, originator, type, format,
+                                     content, attachments, in_reply_to, rights, priority,
+                                     origin, status, reason, created_at)
+    SELECT u.id, u.seq, u.sender, u.recipient, u.orig, u.type, u.format, u.content, u.att,
+           u.reply, u.rights, u.prio, p_origin, u.status, u.reason, u.ts
+      FROM unnest(e_id, e_seq, e_sender, e_recipient, e_orig, e_type, e_format, e_content,
+                  e_att, e_reply, e_rights, e_prio, e_status, e_reason, e_ts)
+           AS u(id, seq, sender, recipient, orig, type, format, content, att, reply, rights,
+                prio, status, reason, ts);
+
+    INSERT INTO agentpost.signals (workspace_id, signal, ref, reason, emitted_by, at)
+    SELECT u.sender, 'rejected', u.id, u.reason, 'runtime', u.ts
+      FROM unnest(e_sender, e_id, e_reason, e_status, e_ts) AS u(sender, id, reason, status, ts)
+     WHERE u.status = 'rejected';
+
+    PERFORM agentpost._trail_write(t_chain, t_event, t_env, t_body);
+
+    RETURN QUERY SELECT u.i, u.id, u.status, u.reason, u.recipient
+                   FROM unnest(e_idx, e_id, e_status, e_reason, e_recipient)
+                        AS u(i, id, status, reason, recipient);
+END $$;
+
+-- Phase 2: deliver a workspace's validated envelopes in creation order, each delivery and its
+-- acknowledged signal in one step. Stops at the first envelope still backing off, and after
+-- a blocking envelope (the gate stays shut until it is consumed).
+CREATE FUNCTION agentpost._drain(p_ws text) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_state text;
+    v_stop bigint;
+    v_upto bigint;
+    v_n int;
+    r record;
+    tr record;
+    v_right text;
+    v_with_rights text[];
+    t_chain text[] := '{}'; t_event text[] := '{}'; t_env text[] := '{}';
+    t_body jsonb[] := '{}';
+BEGIN
+    PERFORM agentpost._lock_chain(p_ws);
+    SELECT w.state INTO v_state FROM agentpost.workspaces w WHERE w.id = p_ws;
+    IF v_state IS NULL OR v_state NOT IN ('idle', 'active', 'blocked') THEN
+        RETURN 0;
+    END IF;
+    IF EXISTS (SELECT 1 FROM agentpost.envelopes e
+                WHERE e.recipient = p_ws AND e.status = 'acknowledged'
+                  AND e.consumed_at IS NULL AND e.rank = 0) THEN
+        RETURN 0;
+    END IF;
+    SELECT min(e.seq) INTO v_stop FROM agentpost.envelopes e
+     WHERE e.recipient = p_ws AND e.status = 'validated' AND e.next_attempt_at > now();
+    SELECT min(e.seq) INTO v_upto FROM agentpost.envelopes e
+     WHERE e.recipient = p_ws AND e.status = 'validated' AND e.rank = 0
+       AND (v_stop IS NULL OR e.seq < v_stop);
+
+    WITH d AS (
+        UPDATE agentpost.envelopes e
+           SET status = 'acknowledged', delivered_at = clock_timestamp(),
+               attempts = e.attempts + 1, next_attempt_at = NULL
+         WHERE e.recipient = p_ws AND e.status = 'validated'
+           AND (v_stop IS NULL OR e.seq < v_stop)
+           AND (v_upto IS NULL OR e.seq <= v_upto)
+        RETURNING e.id, e.seq, e.sender, e.delivered_at, e.attempts,
+                  e.rights <> '[]' AS has_rights
+    ), s AS (
+        INSERT INTO agentpost.signals (workspace_id, signal, ref, emitted_by, at)
+        SELECT d.sender, 'acknowledged', d.id, p_ws, d.delivered_at FROM d
+    )
+    SELECT count(*),
+           array_agg(p_ws ORDER BY d.seq, j),
+           array_agg(CASE j WHEN 1 THEN 'envelope_delivered' ELSE 'signal_emitted' END
+                     ORDER BY d.seq, j),
+           array_agg(d.id ORDER BY d.seq, j),
+           array_agg(CASE j
+                         WHEN 1 THEN jsonb_build_object(
+                             'envelope_id', d.id, 'from', d.sender, 'to', p_ws,
+                             'delivered_at', d.delivered_at, 'attempt', d.attempts)
+                         ELSE jsonb_build_object('signal', 'acknowledged', 'ref', d.id,
+                                                 'to', d.sender)
+                     END ORDER BY d.seq, j),
+           array_agg(d.id) FILTER (WHERE j = 1 AND d.has_rights)
+      INTO v_n, t_chain, t_event, t_env, t_body, v_with_rights
+      FROM d CROSS JOIN generate_series(1, 2) AS j;
+    v_n := v_n / 2;
+    IF v_n = 0 THEN
+        RETURN 0;
+    END IF;
+    PERFORM agentpost._trail_write(t_chain, t_event, t_env, t_body);
+    IF v_with_rights IS NULL THEN
+        RETURN v_n;
+    END IF;
+
+    -- port rights carried by the delivered envelopes pass to the receiver
+    t_chain := '{}'; t_event := '{}'; t_env := '{}'; t_body := '{}';
+    FOR r IN SELECT e.id, e.sender, e.rights FROM agentpost.envelopes e
+              WHERE e.id = ANY (v_with_rights) ORDER BY e.seq
+    LOOP
+        FOR tr IN SELECT x.type AS kind, x.target
+                    FROM jsonb_to_recordset(r.rights) AS x(type text, target text)
+        LOOP
+            IF tr.kind = 'send' THEN
+                INSERT INTO agentpost.port_rights (holder, target, kind, created_by,
+                                                   via_envelope)
+                VALUES (p_ws, tr.target, 'send', r.sender, r.id)
+                RETURNING id INTO v_right;
+            ELSE
+                UPDATE agentpost.port_rights pr SET holder = p_ws, state = 'live'
+                 WHERE pr.id = (SELECT x.id FROM agentpost.port_rights x
+                                 WHERE x.via_envelope = r.id AND x.state = 'in_transit'
+                                   AND x.target = tr.target ORDER BY x.id LIMIT 1)
+                RETURNING pr.id INTO v_right;
+            END IF;
+            t_chain := t_chain || p_ws;
+            t_event := t_event || 'port_right_transferred'::text;
+            t_env := t_env || r.id;
+            t_body := t_body || jsonb_build_object(
+                'right_id', v_right, 'right_type', tr.kind, 'from_holder', r.sender,
+                'to_holder', p_ws, 'target', tr.target, 'via_envelope', r.id);
+        END LOOP;
+    END LOOP;
+    PERFORM agentpost._trail_write(t_chain, t_event, t_env, t_body);
+    RETURN v_n;
+END $$;
+
+-- Record envelopes as undeliverable (sealed target, or redelivery exhausted): the entry and
+-- the sender's `failed` signal go to the sender's chain. Only still-validated envelopes change.
+CREATE FUNCTION agentpost._undeliver(p_ids text[], p_reason text) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_n int;
+    t_chain text[]; t_event text[]; t_env text[]; t_body jsonb[];
+BEGIN
+    PERFORM agentpost._lock_chains(ARRAY(
+        SELECT e.sender FROM agentpost.envelopes e WHERE e.id = ANY (p_ids)));
+    WITH u AS (
+        UPDATE agentpost.envelopes e
+           SET status = 'undeliverable',
+               reason = coalesce(p_reason, (SELECT 'target_' || w.state
+                                              FROM agentpost.workspaces w
+                                             WHERE w.id = e.recipient))
+         WHERE e.id = ANY (p_ids) AND e.status = 'validated'
+        RETURNING e.id, e.seq, e.sender, e.recipient, e.reason
+    ), s AS (
+        INSERT INTO agentpost.signals (workspace_id, signal, ref, reason, emitted_by)
+        SELECT u.sender, 'failed', u.id, u.reason, 'runtime' FROM u
+    ), l AS (
+        UPDATE agentpost.port_rights pr SET state = 'lost', ended_at = clock_timestamp()
+          FROM u WHERE pr.via_envelope = u.id AND pr.state = 'in_transit'
+    )
+    SELECT count(*),
+           array_agg(u.sender ORDER BY u.seq, j),
+           array_agg(CASE j WHEN 1 THEN 'envelope_undeliverable' ELSE 'signal_emitted' END
+                     ORDER BY u.seq, j),
+           array_agg(u.id ORDER BY u.seq, j),
+           array_agg(CASE j
+                         WHEN 1 THEN jsonb_build_object(
+                             'envelope_id', u.id, 'from', u.sender, 'to', u.recipient,
+                             'reason', u.reason, 'timestamp', clock_timestamp())
+                         ELSE jsonb_build_object('signal', 'failed', 'ref', u.id,
+                                                 'to', u.sender, 'reason', u.reason)
+                     END ORDER BY u.seq, j)
+      INTO v_n, t_chain, t_event, t_env, t_body
+      FROM u CROSS JOIN generate_series(1, 2) AS j;
+    PERFORM agentpost._trail_write(t_chain, t_event, t_env, t_body);
+    RETURN v_n / 2;
+END $$;
+
+-- A delivery attempt to p_ws failed (it could not complete within the acknowledgment
+-- timeout): count the attempt on each due envelope, back off attempt × base, and after the
+-- fourth attempt (three redeliveries) record the envelope undeliverable.
+CREATE FUNCTION agentpost._delivery_failed(p_ws text, p_base_ms int) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_exhausted text[];
+    t_chain text[]; t_event text[]; t_env text[]; t_body jsonb[];
+BEGIN
+    WITH f AS (
+        UPDATE agentpost.envelopes e
+           SET attempts = e.attempts + 1,
+               next_attempt_at = now() + (e.attempts + 1) * p_base_ms
+                                         * interval '1 millisecond'
+         WHERE e.recipient = p_ws AND e.status = 'validated'
+           AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())
+        RETURNING e.id, e.seq, e.sender, e.recipient, e.attempts, e.next_attempt_at
+    )
+    SELECT array_agg(f.id) FILTER (WHERE f.attempts >= 4),
+           array_agg(f.sender ORDER BY f.seq),
+           array_agg('envelope_delivery_failed'::text ORDER BY f.seq),
+           array_agg(f.id ORDER BY f.seq),
+           array_agg(jsonb_build_object('envelope_id', f.id, 'from', f.sender,
+                                        'to', f.recipient, 'attempt', f.attempts,
+                                        'next_attempt_at',
+                                        CASE WHEN f.attempts < 4 THEN f.next_attempt_at END)
+                     ORDER BY f.seq)
+      INTO v_exhausted, t_chain, t_event, t_env, t_body
+      FROM f;
+    PERFORM agentpost._lock_chains(t_chain);
+    PERFORM agentpost._trail_write(t_chain, t_event, t_env, t_body);
+    IF v_exhausted IS NOT NULL THEN
+        RETURN agentpost._undeliver(v_exhausted, 'delivery_exhausted');
+    END IF;
+    RETURN 0;
+END $$;
+
+-- Deliver to each recipient in sorted order, one transaction each (asynchronous commit: the
+-- trail entries of phase 1 are already durable, and recover() redoes a lost delivery).
+-- Recipients whose delivery fails get a counted attempt.
+CREATE PROCEDURE agentpost._deliver_all(p_recipients text[], p_timeout_ms int)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_r text;
+    v_failed text[] := '{}';
+BEGIN
+    FOR v_r IN SELECT DISTINCT u FROM unnest(p_recipients) u WHERE u IS NOT NULL ORDER BY 1
+    LOOP
+        PERFORM set_config('synchronous_commit', 'off', true);
+        IF p_timeout_ms IS NOT NULL THEN
+            PERFORM set_config('lock_timeout', p_timeout_ms::text, true);
+        END IF;
+        BEGIN
+            PERFORM agentpost._drain(v_r);
+        EXCEPTION WHEN lock_not_available OR query_canceled OR deadlock_detected
+                       OR serialization_failure THEN
+            v_failed := v_failed || v_r;
+        END;
+        COMMIT;
+    END LOOP;
+    FOREACH v_r IN ARRAY v_failed LOOP
+        PERFORM agentpost._delivery_failed(v_r, coalesce(p_timeout_ms, 1000));
+        COMMIT;
+    END LOOP;
+END $$;
+
+CREATE FUNCTION agentpost._results(p_ids text[]) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(jsonb_agg(jsonb_build_object('envelope_id', e.id, 'status', e.status,
+                                                 'reason', e.reason)
+                              ORDER BY u.k), '[]')
+      FROM unnest(p_ids) WITH ORDINALITY AS u(id, k)
+      JOIN agentpost.envelopes e ON e.id = u.id;
+$$;
+
+-- The send path: one call, two phases. The result lists, in draft order, each envelope's id,
+-- status (acknowledged, validated = queued or retrying, rejected) and reason.
+CREATE PROCEDURE agentpost.send(p_drafts jsonb, p_origin text, p_user text, p_timeout_ms int,
+                                INOUT p_result jsonb DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids text[];
+    v_recipients text[];
+BEGIN
+    SELECT array_agg(s.envelope_id ORDER BY s.idx),
+           array_agg(DISTINCT s.recipient) FILTER (WHERE s.status = 'validated')
+      INTO v_ids, v_recipients
+      FROM agentpost._submit(p_drafts, p_origin, p_user) s;
+    COMMIT;
+    CALL agentpost._deliver_all(v_recipients, p_timeout_ms);
+    p_result := agentpost._results(v_ids);
+END $$;
+
+-- Deliver one envelope again (a transport retry). A duplicate of a delivered envelope is
+-- suppressed: recorded as envelope_redelivered, no second delivery, no second acknowledgment.
+CREATE FUNCTION agentpost.deliver_again(p_id text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    e record;
+BEGIN
+    SELECT x.status, x.sender, x.recipient INTO e FROM agentpost.envelopes x WHERE x.id = p_id;
+    IF NOT FOUND THEN
+        PERFORM agentpost._fail('AP404', format('unknown envelope %L', p_id));
+    END IF;
+    IF e.status = 'acknowledged' THEN
+        PERFORM agentpost._trail_one(e.recipient, 'envelope_redelivered', p_id,
+            jsonb_build_object('envelope_id', p_id, 'from', e.sender, 'to', e.recipient,
+                               'timestamp', clock_timestamp()));
+        RETURN 'duplicate';
+    ELSIF e.status = 'validated' THEN
+        PERFORM agentpost._drain(e.recipient);
+        RETURN (SELECT x.status FROM agentpost.envelopes x WHERE x.id = p_id);
+    END IF;
+    RETURN e.status;
+END $$;
+
+-- Acknowledgment-timeout redelivery: retry every recipient with due envelopes.
+CREATE PROCEDURE agentpost.redeliver(p_timeout_ms int, INOUT p_result jsonb DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_recipients text[];
+    v_before bigint;
+BEGIN
+    SELECT array_agg(DISTINCT e.recipient) INTO v_recipients
+      FROM agentpost.envelopes e JOIN agentpost.workspaces w ON w.id = e.recipient
+     WHERE e.status = 'validated' AND w.state IN ('idle', 'active', 'blocked')
+       AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now());
+    SELECT count(*) INTO v_before FROM agentpost.envelopes e WHERE e.status = 'validated';
+    COMMIT;
+    CALL agentpost._deliver_all(v_recipients, p_timeout_ms);
+    p_result := jsonb_build_object(
+        'recipients', coalesce(cardinality(v_recipients), 0),
+        'pending_before', v_before,
+        'pending_after', (SELECT count(*) FROM agentpost.envelopes e
+                           WHERE e.status = 'validated'));
+END $$;
+
+-- Recovery after a crash (WACP §7.2): every validated-but-undelivered envelope is delivered
+-- in channel order, or recorded undeliverable when its target is now sealed. Delivery of
+-- older envelopes happens before any new delivery to that workspace, because every delivery
+-- drains the inbox queue in creation order.
+CREATE PROCEDURE agentpost.recover(INOUT p_result jsonb DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_sealed text[];
+    v_recipients text[];
+    v_undelivered int := 0;
+    v_delivered int := 0;
+    v_r text;
+BEGIN
+    SELECT array_agg(e.id) INTO v_sealed
+      FROM agentpost.envelopes e JOIN agentpost.workspaces w ON w.id = e.recipient
+     WHERE e.status = 'validated' AND w.state IN ('integrating', 'closed', 'failed');
+    IF v_sealed IS NOT NULL THEN
+        v_undelivered := agentpost._undeliver(v_sealed, NULL);
+        COMMIT;
+    END IF;
+    SELECT array_agg(DISTINCT e.recipient ORDER BY e.recipient) INTO v_recipients
+      FROM agentpost.envelopes e WHERE e.status = 'validated';
+    FOREACH v_r IN ARRAY coalesce(v_recipients, '{}') LOOP
+        v_delivered := v_delivered + agentpost._drain(v_r);
+        COMMIT;
+    END LOOP;
+    p_result := jsonb_build_object('delivered', v_delivered, 'undeliverable', v_undelivered,
+                                   'still_queued', (SELECT count(*) FROM agentpost.envelopes e
+                                                     WHERE e.status = 'validated'));
+END $$;

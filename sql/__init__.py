@@ -1,0 +1,1 @@
+"""Numbered Postgres migrations, shipped as package data of ``agentpost.sql``."""
