@@ -27,7 +27,6 @@ CREATE TABLE agentpost.trail (
 );
 
 CREATE INDEX trail_envelope ON agentpost.trail (envelope_id) WHERE envelope_id IS NOT NULL;
-CREATE INDEX trail_event ON agentpost.trail (event, id);
 
 CREATE FUNCTION agentpost._mac_pad(p_name text) RETURNS bytea
 LANGUAGE plpgsql STABLE AS $$
@@ -64,13 +63,19 @@ DECLARE
     v_at timestamptz;
 BEGIN
     FOR c IN SELECT DISTINCT u FROM unnest(p_chains) u WHERE u IS NOT NULL ORDER BY u LOOP
-        SELECT l.last_at INTO v_at FROM agentpost._lock_chain(c) l;
+        SELECT h.last_at INTO v_at FROM agentpost.trail_heads h WHERE h.chain = c FOR UPDATE;
+        IF NOT FOUND THEN
+            SELECT l.last_at INTO v_at FROM agentpost._lock_chain(c) l;
+        END IF;
         v_last := greatest(v_last, v_at);
     END LOOP;
     RETURN v_last;
 END $$;
 
--- Append entries, in the given order within each chain. Chains are locked in sorted order.
+-- Append entries, in the given order within each chain. Heads are locked in sorted chain
+-- order (so concurrent writers never deadlock); hashes are computed in the loop, the rows go
+-- in with one INSERT. Every chain written must have a head already (workspaces get one at
+-- creation; _ensure_chains makes the others).
 CREATE FUNCTION agentpost._trail_write(p_chain text[], p_event text[], p_envelope text[],
                                        p_body jsonb[]) RETURNS void
 LANGUAGE plpgsql AS $$
@@ -85,8 +90,8 @@ DECLARE
     v_at_us bigint;
     v_rec text;
     v_now timestamptz := clock_timestamp();
-    v_ipad bytea := agentpost._mac_pad('ipad');
-    v_opad bytea := agentpost._mac_pad('opad');
+    v_ipad bytea;
+    v_opad bytea;
     o_chain text[];
     o_seq bigint[];
     o_event text[];
@@ -95,10 +100,26 @@ DECLARE
     o_rec text[];
     o_prev bytea[];
     o_hash bytea[];
+    h_chain text[];
+    h_seq bigint[];
+    h_hash bytea[];
+    h_at timestamptz[];
+    m int := 0;
 BEGIN
     IF coalesce(cardinality(p_chain), 0) = 0 THEN
         RETURN;
     END IF;
+    v_ipad := decode(current_setting('agentpost.mac_ipad', true), 'hex');
+    v_opad := decode(current_setting('agentpost.mac_opad', true), 'hex');
+    IF v_ipad IS NULL OR v_opad IS NULL OR v_ipad = '' THEN
+        PERFORM agentpost._mac_pad('ipad');  -- raises the configuration error
+    END IF;
+    -- lock every head involved, sorted, in one statement
+    SELECT array_agg(x.chain ORDER BY x.chain), array_agg(x.seq ORDER BY x.chain),
+           array_agg(x.hash ORDER BY x.chain), array_agg(x.last_at ORDER BY x.chain)
+      INTO h_chain, h_seq, h_hash, h_at
+      FROM (SELECT h.chain, h.seq, h.hash, h.last_at FROM agentpost.trail_heads h
+             WHERE h.chain = ANY (p_chain) ORDER BY h.chain FOR UPDATE) x;
     FOR r IN
         SELECT u.c, u.e, u.v, u.b
           FROM unnest(p_chain, p_event, p_envelope, p_body) WITH ORDINALITY AS u(c, e, v, b, k)
@@ -106,14 +127,17 @@ BEGIN
     LOOP
         IF cur IS DISTINCT FROM r.c THEN
             IF cur IS NOT NULL THEN
-                UPDATE agentpost.trail_heads SET seq = v_seq, hash = v_hash, last_at = v_at
-                 WHERE chain = cur;
+                h_seq[m] := v_seq; h_hash[m] := v_hash; h_at[m] := v_at;
             END IF;
-            SELECT l.seq, l.hash, l.last_at INTO v_seq, v_hash, v_last
-              FROM agentpost._lock_chain(r.c) l;
+            m := m + 1;  -- heads and entries are both sorted by chain: walk them together
+            IF h_chain[m] IS DISTINCT FROM r.c THEN
+                PERFORM agentpost._fail('AP500', format('trail chain %L has no head', r.c));
+            END IF;
             cur := r.c;
+            v_seq := h_seq[m];
+            v_hash := h_hash[m];
             -- timestamps are monotonic within a chain even if the clock steps back
-            v_at := greatest(v_now, v_last + interval '1 microsecond');
+            v_at := greatest(v_now, h_at[m] + interval '1 microsecond');
             v_at_us := (extract(epoch FROM v_at) * 1000000)::bigint;
         END IF;
         n := n + 1;
@@ -130,18 +154,32 @@ BEGIN
         o_rec[n] := v_rec;
         o_hash[n] := v_hash;
     END LOOP;
-    UPDATE agentpost.trail_heads SET seq = v_seq, hash = v_hash, last_at = v_at
-     WHERE chain = cur;
+    h_seq[m] := v_seq; h_hash[m] := v_hash; h_at[m] := v_at;
     INSERT INTO agentpost.trail (chain, chain_seq, event, envelope_id, at, record, prev_hash,
                                  hash, mac)
     SELECT c, s, e, v, a, rec, p, h, sha256(v_opad || sha256(v_ipad || h))
       FROM unnest(o_chain, o_seq, o_event, o_env, o_at, o_rec, o_prev, o_hash)
            AS u(c, s, e, v, a, rec, p, h);
+    UPDATE agentpost.trail_heads t SET seq = u.s, hash = u.h, last_at = u.a
+      FROM unnest(h_chain[1:m], h_seq[1:m], h_hash[1:m], h_at[1:m]) AS u(c, s, h, a)
+     WHERE t.chain = u.c;
 END $$;
 
--- Convenience for a single entry.
+-- Create the heads of chains that are not workspaces (the human highway's, `system`).
+CREATE FUNCTION agentpost._ensure_chains(p_chains text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO agentpost.trail_heads (chain)
+    SELECT DISTINCT c FROM unnest(p_chains) c ON CONFLICT DO NOTHING;
+END $$;
+
+INSERT INTO agentpost.trail_heads (chain) VALUES ('system');
+
+-- (plpgsql rather than sql throughout: plpgsql caches its plans per session, an SQL-language
+-- function called from plpgsql is planned again at every call)
 CREATE FUNCTION agentpost._trail_one(p_chain text, p_event text, p_envelope text, p_body jsonb)
-RETURNS void LANGUAGE sql AS $$
-    SELECT agentpost._trail_write(ARRAY[p_chain], ARRAY[p_event], ARRAY[p_envelope],
-                                  ARRAY[p_body]);
-$$;
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM agentpost._trail_write(ARRAY[p_chain], ARRAY[p_event], ARRAY[p_envelope],
+                                   ARRAY[p_body]);
+END $$;

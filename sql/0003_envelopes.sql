@@ -10,7 +10,7 @@ CREATE SEQUENCE agentpost.envelope_seq;
 
 CREATE TABLE agentpost.envelopes (
     id              text PRIMARY KEY,
-    seq             bigint NOT NULL UNIQUE,
+    seq             bigint NOT NULL,
     sender          text NOT NULL,
     recipient       text NOT NULL,
     originator      text NOT NULL,
@@ -41,7 +41,6 @@ CREATE INDEX envelopes_inbox ON agentpost.envelopes (recipient, rank, seq)
 -- validated but not yet delivered (queued, backing off, or cut off by a crash)
 CREATE INDEX envelopes_pending ON agentpost.envelopes (recipient, seq)
     WHERE status = 'validated';
-CREATE INDEX envelopes_channel ON agentpost.envelopes (sender, recipient, seq);
 
 -- Signals the runtime emits to workspaces: acknowledged (ref = envelope id), failed,
 -- rejected (the sender's notification of a rejection).
@@ -57,71 +56,84 @@ CREATE TABLE agentpost.signals (
 
 CREATE INDEX signals_workspace ON agentpost.signals (workspace_id, id);
 
-CREATE FUNCTION agentpost._permitted(p_type text, p_sender text, p_slin text[], p_sdel boolean,
-                                     p_sparent text, p_recipient text, p_tlin text[],
-                                     p_tdel boolean, p_tparent text) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM agentpost.permissions p
-                    WHERE p.type = p_type
-                      AND p.sender_role = ANY (p_slin)
-                      AND p.receiver_role = ANY (p_tlin))
-        -- delegation (WACP §2): directive/feedback down to the delegate's children, query up
-        OR (p_sdel AND p_tparent = p_sender AND p_type IN ('directive', 'feedback'))
-        OR (p_tdel AND p_sparent = p_recipient AND p_type = 'query');
-$$;
-
 -- Phase 1: validate drafts (structure, then permission, then send right; the first failure is
--- the reason), record them, consume send-once rights, put transferred send-once rights in
--- transit. Senders' chains stay locked until commit, so creation order is commit order per
--- sender, and so per channel.
+-- the reason) and record them. Senders' chains stay locked until commit, so creation order is
+-- commit order per sender, and so per channel. Set-based: a batch costs a handful of
+-- statements; only drafts that must spend a send-once right or carry rights take a per-draft
+-- path.
 CREATE FUNCTION agentpost._submit(p_drafts jsonb, p_origin text, p_user text)
 RETURNS TABLE (idx int, envelope_id text, status text, reason text, recipient text)
 LANGUAGE plpgsql AS $$
 DECLARE
-    r record;
-    tr record;
-    n int := 0;
-    v_id text;
+    v_senders text[];
+    v_locked int;
+    v_last timestamptz;
+    v_bad text;
+    v_terminal text;
     v_reason text;
-    v_has_send boolean;
     v_consumed text;
     v_right text;
-    v_ts timestamptz;
-    v_last timestamptz;
     v_ok boolean;
-    e_idx int[]; e_id text[]; e_seq bigint[]; e_sender text[]; e_recipient text[];
-    e_orig text[]; e_type text[]; e_format text[]; e_content text[]; e_att jsonb[];
-    e_reply text[]; e_rights jsonb[]; e_prio text[]; e_status text[]; e_reason text[];
-    e_ts timestamptz[];
-    t_chain text[]; t_event text[]; t_env text[]; t_body jsonb[];
-    m int := 0;
+    tr record;
+    k int;
+    a_i int[]; a_id text[]; a_sender text[]; a_recipient text[]; a_type text[];
+    a_prio text[]; a_reply text[]; a_orig text[]; a_ts timestamptz[]; a_reason text[];
+    a_slow boolean[]; a_rights jsonb[]; a_consumed text[];
 BEGIN
-    IF p_origin = 'agent' THEN
-        SELECT d.sender INTO v_id
-          FROM jsonb_to_recordset(p_drafts) AS d(sender text)
-          LEFT JOIN agentpost.workspaces w ON w.id = d.sender
-         WHERE w.id IS NULL LIMIT 1;
-        IF FOUND THEN
-            PERFORM agentpost._fail('AP404', format('unknown sender workspace %L', v_id));
+    v_senders := ARRAY(SELECT DISTINCT d.sender
+                         FROM jsonb_to_recordset(p_drafts) AS d(sender text) ORDER BY 1);
+    IF p_origin = 'human' THEN
+        PERFORM agentpost._ensure_chains(v_senders);
+        SELECT count(*), max(x.last_at) INTO v_locked, v_last
+          FROM (SELECT h.last_at FROM agentpost.trail_heads h
+                 WHERE h.chain = ANY (v_senders) ORDER BY h.chain FOR UPDATE) x;
+    ELSE
+        -- lock the senders' chains (sorted); all must exist, none may be terminal
+        SELECT count(*), max(x.last_at), min(x.chain) FILTER (WHERE x.state IN ('closed', 'failed'))
+          INTO v_locked, v_last, v_terminal
+          FROM (SELECT h.chain, h.last_at, w.state
+                  FROM agentpost.trail_heads h JOIN agentpost.workspaces w ON w.id = h.chain
+                 WHERE h.chain = ANY (v_senders) ORDER BY h.chain FOR UPDATE OF h) x;
+        IF v_locked < cardinality(v_senders) THEN
+            SELECT u INTO v_bad FROM unnest(v_senders) u
+             WHERE NOT EXISTS (SELECT 1 FROM agentpost.workspaces w WHERE w.id = u) LIMIT 1;
+            PERFORM agentpost._fail('AP404', format('unknown sender workspace %L', v_bad));
         END IF;
-        SELECT w.id INTO v_id
-          FROM jsonb_to_recordset(p_drafts) AS d(sender text)
-          JOIN agentpost.workspaces w ON w.id = d.sender
-         WHERE w.state IN ('closed', 'failed') LIMIT 1;
-        IF FOUND THEN
+        IF v_terminal IS NOT NULL THEN
             PERFORM agentpost._fail('AP409',
-                format('workspace %L is in a terminal state and cannot send', v_id));
+                format('workspace %L is in a terminal state and cannot send', v_terminal));
         END IF;
     END IF;
+    v_last := greatest(clock_timestamp(), v_last);
 
-    v_last := agentpost._lock_chains(ARRAY(
-        SELECT d.sender FROM jsonb_to_recordset(p_drafts) AS d(sender text)));
-
-    FOR r IN
-        SELECT d.*, s.lineage AS slin, s.originator AS sorig, s.parent AS sparent,
-               s.delegation AS sdel, t.id AS tid, t.state AS tstate, t.lineage AS tlin,
-               t.parent AS tparent, t.delegation AS tdel, ty.name AS tyname,
-               ty.required_fields AS req
+    -- validate and insert in one statement; creation order follows draft order per sender
+    WITH v AS (
+        SELECT d.*, gen_random_uuid()::text AS id,
+               CASE WHEN p_origin = 'human' THEN p_user ELSE s.originator END AS orig,
+               CASE
+                   WHEN d.malformed IS NOT NULL THEN 'invalid_structure'
+                   WHEN ty.name IS NULL THEN 'invalid_type'
+                   WHEN t.id IS NULL THEN 'target_not_found'
+                   WHEN t.state IN ('integrating', 'closed', 'failed') THEN 'target_terminal'
+                   WHEN cardinality(ty.required_fields) > 0
+                        AND NOT coalesce(ty.required_fields <@ d.keys, false)
+                       THEN 'invalid_structure'
+                   WHEN p_origin = 'agent' AND NOT (
+                        -- delegation (WACP §2): directive/feedback down to the delegate's
+                        -- children, query up to the delegate
+                        (s.delegation AND t.parent = s.id AND d.type IN ('directive', 'feedback'))
+                        OR (t.delegation AND s.parent = t.id AND d.type = 'query')
+                        OR EXISTS (SELECT 1 FROM agentpost.permissions p
+                                    WHERE p.type = d.type AND p.sender_role = ANY (s.lineage)
+                                      AND p.receiver_role = ANY (t.lineage)))
+                       THEN 'permission_denied'
+                   WHEN p_origin = 'human' AND jsonb_array_length(d.rights) > 0
+                       THEN 'no_send_right'  -- a human holds no port rights to transfer
+               END AS reason,
+               p_origin = 'agent' AND (jsonb_array_length(d.rights) > 0 OR NOT EXISTS (
+                   SELECT 1 FROM agentpost.port_rights pr
+                    WHERE pr.holder = d.sender AND pr.target = d.recipient
+                      AND pr.kind = 'send' AND pr.state = 'live')) AS slow
           FROM jsonb_to_recordset(p_drafts) AS d(
                    i int, sender text, recipient text, type text, format text, content text,
                    attachments jsonb, in_reply_to text, priority text, rights jsonb,
@@ -129,152 +141,135 @@ BEGIN
           LEFT JOIN agentpost.workspaces s ON s.id = d.sender
           LEFT JOIN agentpost.workspaces t ON t.id = d.recipient
           LEFT JOIN agentpost.envelope_types ty ON ty.name = d.type
-         ORDER BY d.i
-    LOOP
-        n := n + 1;
-        v_id := gen_random_uuid()::text;
-        v_consumed := NULL;
-        v_reason := CASE
-            WHEN r.malformed IS NOT NULL THEN 'invalid_structure'
-            WHEN r.tyname IS NULL THEN 'invalid_type'
-            WHEN r.tid IS NULL THEN 'target_not_found'
-            WHEN r.tstate IN ('integrating', 'closed', 'failed') THEN 'target_terminal'
-            WHEN cardinality(r.req) > 0 AND NOT coalesce(r.req <@ r.keys, false)
-                THEN 'invalid_structure'
-        END;
-        IF v_reason IS NULL AND p_origin = 'agent'
-           AND NOT agentpost._permitted(r.type, r.sender, r.slin, r.sdel, r.sparent,
-                                        r.recipient, r.tlin, r.tdel, r.tparent) THEN
-            v_reason := 'permission_denied';
-        END IF;
-        IF v_reason IS NULL AND p_origin = 'human'
-           AND jsonb_array_length(coalesce(r.rights, '[]')) > 0 THEN
-            v_reason := 'no_send_right';  -- a human holds no port rights to transfer
-        END IF;
-        IF v_reason IS NULL AND p_origin = 'agent' THEN
-            v_has_send := EXISTS (
-                SELECT 1 FROM agentpost.port_rights pr
-                 WHERE pr.holder = r.sender AND pr.target = r.recipient
-                   AND pr.kind = 'send' AND pr.state = 'live');
-            IF NOT v_has_send OR jsonb_array_length(coalesce(r.rights, '[]')) > 0 THEN
-                -- the rare path: consume a send-once right and/or move transferred rights,
-                -- all or nothing
-                BEGIN
-                    IF NOT v_has_send THEN
-                        UPDATE agentpost.port_rights pr
-                           SET state = 'consumed', ended_at = clock_timestamp(),
-                               via_envelope = v_id
-                         WHERE pr.id = (SELECT x.id FROM agentpost.port_rights x
-                                         WHERE x.holder = r.sender AND x.target = r.recipient
-                                           AND x.kind = 'send_once' AND x.state = 'live'
-                                         ORDER BY x.created_at, x.id LIMIT 1)
-                        RETURNING pr.id INTO v_consumed;
-                        IF v_consumed IS NULL THEN
-                            RAISE EXCEPTION USING ERRCODE = 'AP499';
-                        END IF;
-                    END IF;
-                    FOR tr IN SELECT x.type AS kind, x.target
-                                FROM jsonb_to_recordset(coalesce(r.rights, '[]'))
-                                     AS x(type text, target text)
-                    LOOP
-                        IF tr.kind = 'send' THEN
-                            v_ok := EXISTS (
-                                SELECT 1 FROM agentpost.port_rights x
-                                 WHERE x.holder = r.sender AND x.target = tr.target
-                                   AND x.kind = 'send' AND x.state = 'live');
-                        ELSE
-                            v_right := NULL;
-                            UPDATE agentpost.port_rights pr
-                               SET state = 'in_transit', via_envelope = v_id
-                             WHERE pr.id = (SELECT x.id FROM agentpost.port_rights x
-                                             WHERE x.holder = r.sender
-                                               AND x.target = tr.target
-                                               AND x.kind = 'send_once'
-                                               AND x.state = 'live'
-                                             ORDER BY x.created_at, x.id LIMIT 1)
-                            RETURNING pr.id INTO v_right;
-                            v_ok := v_right IS NOT NULL;
-                        END IF;
-                        IF NOT v_ok THEN
-                            RAISE EXCEPTION USING ERRCODE = 'AP499';
-                        END IF;
-                    END LOOP;
-                EXCEPTION WHEN SQLSTATE 'AP499' THEN
-                    v_reason := 'no_send_right';
-                    v_consumed := NULL;
-                END;
-            END IF;
-        END IF;
+         ORDER BY d.sender, d.i
+    ), numbered AS (
+        SELECT v.*, nextval('agentpost.envelope_seq') AS seq,
+               v_last + row_number() OVER () * interval '1 microsecond' AS ts
+          FROM v
+    ), ins AS (
+        INSERT INTO agentpost.envelopes (id, seq, sender, recipient, originator, type, format,
+                                         content, attachments, in_reply_to, rights, priority,
+                                         origin, status, reason, created_at)
+        SELECT n.id, n.seq, n.sender, n.recipient, n.orig, n.type, n.format,
+               CASE WHEN n.reason IS NULL THEN n.content END,
+               CASE WHEN n.reason IS NULL THEN n.attachments ELSE '[]' END,
+               n.in_reply_to,
+               CASE WHEN n.reason IS NULL THEN n.rights ELSE '[]' END,
+               n.priority, p_origin,
+               CASE WHEN n.reason IS NULL THEN 'validated' ELSE 'rejected' END,
+               n.reason, n.ts
+          FROM numbered n
+    )
+    SELECT array_agg(n.i ORDER BY n.seq), array_agg(n.id ORDER BY n.seq),
+           array_agg(n.sender ORDER BY n.seq), array_agg(n.recipient ORDER BY n.seq),
+           array_agg(n.type ORDER BY n.seq), array_agg(n.priority ORDER BY n.seq),
+           array_agg(n.in_reply_to ORDER BY n.seq), array_agg(n.orig ORDER BY n.seq),
+           array_agg(n.ts ORDER BY n.seq), array_agg(n.reason ORDER BY n.seq),
+           array_agg(n.slow ORDER BY n.seq), array_agg(n.rights ORDER BY n.seq)
+      INTO a_i, a_id, a_sender, a_recipient, a_type, a_prio, a_reply, a_orig, a_ts,
+           a_reason, a_slow, a_rights
+      FROM numbered n;
 
-        v_ts := greatest(clock_timestamp(), v_last + interval '1 microsecond');
-        v_last := v_ts;
-        e_idx[n] := r.i;
-        e_id[n] := v_id;
-        e_seq[n] := nextval('agentpost.envelope_seq');
-        e_sender[n] := r.sender;
-        e_recipient[n] := r.recipient;
-        e_orig[n] := CASE WHEN p_origin = 'human' THEN p_user ELSE r.sorig END;
-        e_type[n] := r.type;
-        e_format[n] := r.format;
-        e_prio[n] := r.priority;
-        e_ts[n] := v_ts;
-        e_reply[n] := r.in_reply_to;
-        e_reason[n] := v_reason;
-        IF v_reason IS NULL THEN
-            e_status[n] := 'validated';
-            e_content[n] := r.content;
-            e_att[n] := coalesce(r.attachments, '[]');
-            e_rights[n] := coalesce(r.rights, '[]');
-            m := m + 1;
-            t_chain[m] := r.sender; t_event[m] := 'envelope_created'; t_env[m] := v_id;
-            t_body[m] := jsonb_build_object(
-                'envelope_id', v_id, 'from', r.sender, 'to', r.recipient, 'type', r.type,
-                'priority', r.priority, 'in_reply_to', r.in_reply_to,
-                'originator', e_orig[n], 'origin', p_origin, 'timestamp', v_ts);
-            IF v_consumed IS NOT NULL THEN
-                m := m + 1;
-                t_chain[m] := r.sender; t_event[m] := 'port_right_consumed'; t_env[m] := v_id;
-                t_body[m] := jsonb_build_object('right_id', v_consumed, 'holder', r.sender,
-                                                'target', r.recipient, 'via_envelope', v_id);
+    -- the per-draft path: spend a send-once right when no send right exists, and move
+    -- transferred send-once rights into transit; all or nothing per envelope
+    a_consumed := array_fill(NULL::text, ARRAY[cardinality(a_id)]);
+    FOR k IN 1 .. cardinality(a_id) LOOP
+        CONTINUE WHEN a_reason[k] IS NOT NULL OR NOT a_slow[k];
+        v_consumed := NULL;
+        v_reason := NULL;
+        BEGIN
+            IF NOT EXISTS (SELECT 1 FROM agentpost.port_rights x
+                            WHERE x.holder = a_sender[k] AND x.target = a_recipient[k]
+                              AND x.kind = 'send' AND x.state = 'live') THEN
+                UPDATE agentpost.port_rights pr
+                   SET state = 'consumed', ended_at = clock_timestamp(), via_envelope = a_id[k]
+                 WHERE pr.id = (SELECT x.id FROM agentpost.port_rights x
+                                 WHERE x.holder = a_sender[k] AND x.target = a_recipient[k]
+                                   AND x.kind = 'send_once' AND x.state = 'live'
+                                 ORDER BY x.created_at, x.id LIMIT 1)
+                RETURNING pr.id INTO v_consumed;
+                IF v_consumed IS NULL THEN
+                    RAISE EXCEPTION USING ERRCODE = 'AP499';
+                END IF;
             END IF;
-        ELSE
-            -- a rejected envelope keeps its id and metadata, never its payload
-            e_status[n] := 'rejected';
-            e_content[n] := NULL;
-            e_att[n] := '[]';
-            e_rights[n] := '[]';
-            m := m + 1;
-            t_chain[m] := r.sender; t_event[m] := 'envelope_rejected'; t_env[m] := v_id;
-            t_body[m] := jsonb_build_object(
-                'envelope_id', v_id, 'from', r.sender, 'to', r.recipient, 'type', r.type,
-                'reason', v_reason, 'timestamp', v_ts);
-            m := m + 1;
-            t_chain[m] := r.sender; t_event[m] := 'signal_emitted'; t_env[m] := v_id;
-            t_body[m] := jsonb_build_object('signal', 'rejected', 'ref', v_id,
-                                            'to', r.sender, 'reason', v_reason);
+            FOR tr IN SELECT x.type AS kind, x.target
+                        FROM jsonb_to_recordset(a_rights[k]) AS x(type text, target text)
+            LOOP
+                IF tr.kind = 'send' THEN
+                    v_ok := EXISTS (SELECT 1 FROM agentpost.port_rights x
+                                     WHERE x.holder = a_sender[k] AND x.target = tr.target
+                                       AND x.kind = 'send' AND x.state = 'live');
+                ELSE
+                    v_right := NULL;
+                    UPDATE agentpost.port_rights pr
+                       SET state = 'in_transit', via_envelope = a_id[k]
+                     WHERE pr.id = (SELECT x.id FROM agentpost.port_rights x
+                                     WHERE x.holder = a_sender[k] AND x.target = tr.target
+                                       AND x.kind = 'send_once' AND x.state = 'live'
+                                     ORDER BY x.created_at, x.id LIMIT 1)
+                    RETURNING pr.id INTO v_right;
+                    v_ok := v_right IS NOT NULL;
+                END IF;
+                IF NOT v_ok THEN
+                    RAISE EXCEPTION USING ERRCODE = 'AP499';
+                END IF;
+            END LOOP;
+        EXCEPTION WHEN SQLSTATE 'AP499' THEN
+            v_reason := 'no_send_right';
+            v_consumed := NULL;
+        END;
+        a_consumed[k] := v_consumed;
+        IF v_reason IS NOT NULL THEN
+            a_reason[k] := v_reason;
+            UPDATE agentpost.envelopes e
+               SET status = 'rejected', reason = v_reason, content = NULL, attachments = '[]',
+                   rights = '[]'
+             WHERE e.id = a_id[k];
         END IF;
     END LOOP;
 
-    INSERT INTO agentpost.envelopes (id, seq, sender, recipient, originator, type, format,
-                                     content, attachments, in_reply_to, rights, priority,
-                                     origin, status, reason, created_at)
-    SELECT u.id, u.seq, u.sender, u.recipient, u.orig, u.type, u.format, u.content, u.att,
-           u.reply, u.rights, u.prio, p_origin, u.status, u.reason, u.ts
-      FROM unnest(e_id, e_seq, e_sender, e_recipient, e_orig, e_type, e_format, e_content,
-                  e_att, e_reply, e_rights, e_prio, e_status, e_reason, e_ts)
-           AS u(id, seq, sender, recipient, orig, type, format, content, att, reply, rights,
-                prio, status, reason, ts);
+    IF EXISTS (SELECT 1 FROM unnest(a_reason) r WHERE r IS NOT NULL) THEN
+        INSERT INTO agentpost.signals (workspace_id, signal, ref, reason, emitted_by, at)
+        SELECT u.sender, 'rejected', u.id, u.reason, 'runtime', u.ts
+          FROM unnest(a_sender, a_id, a_reason, a_ts) AS u(sender, id, reason, ts)
+         WHERE u.reason IS NOT NULL;
+    END IF;
 
-    INSERT INTO agentpost.signals (workspace_id, signal, ref, reason, emitted_by, at)
-    SELECT u.sender, 'rejected', u.id, u.reason, 'runtime', u.ts
-      FROM unnest(e_sender, e_id, e_reason, e_status, e_ts) AS u(sender, id, reason, status, ts)
-     WHERE u.status = 'rejected';
+    -- the senders' trail entries, in creation order: created (and the send-once right it
+    -- spent), or rejected and the notification
+    PERFORM agentpost._trail_write(
+        array_agg(u.sender ORDER BY u.k, j),
+        array_agg(CASE
+                      WHEN j = 1 AND u.reason IS NULL THEN 'envelope_created'
+                      WHEN j = 1 THEN 'envelope_rejected'
+                      WHEN u.reason IS NULL THEN 'port_right_consumed'
+                      ELSE 'signal_emitted'
+                  END ORDER BY u.k, j),
+        array_agg(u.id ORDER BY u.k, j),
+        array_agg(CASE
+                      WHEN j = 1 AND u.reason IS NULL THEN jsonb_build_object(
+                          'envelope_id', u.id, 'from', u.sender, 'to', u.recipient,
+                          'type', u.type, 'priority', u.prio, 'in_reply_to', u.reply,
+                          'originator', u.orig, 'origin', p_origin, 'timestamp', u.ts)
+                      WHEN j = 1 THEN jsonb_build_object(
+                          'envelope_id', u.id, 'from', u.sender, 'to', u.recipient,
+                          'type', u.type, 'reason', u.reason, 'timestamp', u.ts)
+                      WHEN u.reason IS NULL THEN jsonb_build_object(
+                          'right_id', u.consumed, 'holder', u.sender, 'target', u.recipient,
+                          'via_envelope', u.id)
+                      ELSE jsonb_build_object('signal', 'rejected', 'ref', u.id,
+                                              'to', u.sender, 'reason', u.reason)
+                  END ORDER BY u.k, j))
+      FROM unnest(a_id, a_sender, a_recipient, a_type, a_prio, a_reply, a_orig, a_ts,
+                  a_reason, a_consumed)
+           WITH ORDINALITY AS u(id, sender, recipient, type, prio, reply, orig, ts, reason,
+                                consumed, k)
+      CROSS JOIN generate_series(1, 2) AS j
+     WHERE j = 1 OR u.reason IS NOT NULL OR u.consumed IS NOT NULL;
 
-    PERFORM agentpost._trail_write(t_chain, t_event, t_env, t_body);
-
-    RETURN QUERY SELECT u.i, u.id, u.status, u.reason, u.recipient
-                   FROM unnest(e_idx, e_id, e_status, e_reason, e_recipient)
-                        AS u(i, id, status, reason, recipient);
+    RETURN QUERY SELECT u.i, u.id, CASE WHEN u.reason IS NULL THEN 'validated' ELSE 'rejected' END,
+                        u.reason, u.recipient
+                   FROM unnest(a_i, a_id, a_reason, a_recipient) AS u(i, id, reason, recipient);
 END $$;
 
 -- Phase 2: deliver a workspace's validated envelopes in creation order, each delivery and its
@@ -284,6 +279,7 @@ CREATE FUNCTION agentpost._drain(p_ws text) RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
     v_state text;
+    v_gated boolean;
     v_stop bigint;
     v_upto bigint;
     v_n int;
@@ -294,21 +290,25 @@ DECLARE
     t_chain text[] := '{}'; t_event text[] := '{}'; t_env text[] := '{}';
     t_body jsonb[] := '{}';
 BEGIN
-    PERFORM agentpost._lock_chain(p_ws);
-    SELECT w.state INTO v_state FROM agentpost.workspaces w WHERE w.id = p_ws;
-    IF v_state IS NULL OR v_state NOT IN ('idle', 'active', 'blocked') THEN
+    -- lock the receiver's chain, then in one look: its state, the blocking gate, the first
+    -- envelope still backing off (delivery stops before it) and the first blocking one
+    -- (delivery stops after it)
+    SELECT w.state,
+           EXISTS (SELECT 1 FROM agentpost.envelopes e
+                    WHERE e.recipient = p_ws AND e.status = 'acknowledged'
+                      AND e.consumed_at IS NULL AND e.rank = 0),
+           (SELECT min(e.seq) FROM agentpost.envelopes e
+             WHERE e.recipient = p_ws AND e.status = 'validated'
+               AND e.next_attempt_at > now()),
+           (SELECT min(e.seq) FROM agentpost.envelopes e
+             WHERE e.recipient = p_ws AND e.status = 'validated' AND e.rank = 0)
+      INTO v_state, v_gated, v_stop, v_upto
+      FROM agentpost.trail_heads h JOIN agentpost.workspaces w ON w.id = h.chain
+     WHERE h.chain = p_ws
+       FOR UPDATE OF h;
+    IF v_state IS NULL OR v_state NOT IN ('idle', 'active', 'blocked') OR v_gated THEN
         RETURN 0;
     END IF;
-    IF EXISTS (SELECT 1 FROM agentpost.envelopes e
-                WHERE e.recipient = p_ws AND e.status = 'acknowledged'
-                  AND e.consumed_at IS NULL AND e.rank = 0) THEN
-        RETURN 0;
-    END IF;
-    SELECT min(e.seq) INTO v_stop FROM agentpost.envelopes e
-     WHERE e.recipient = p_ws AND e.status = 'validated' AND e.next_attempt_at > now();
-    SELECT min(e.seq) INTO v_upto FROM agentpost.envelopes e
-     WHERE e.recipient = p_ws AND e.status = 'validated' AND e.rank = 0
-       AND (v_stop IS NULL OR e.seq < v_stop);
 
     WITH d AS (
         UPDATE agentpost.envelopes e
@@ -470,10 +470,8 @@ DECLARE
 BEGIN
     FOR v_r IN SELECT DISTINCT u FROM unnest(p_recipients) u WHERE u IS NOT NULL ORDER BY 1
     LOOP
-        PERFORM set_config('synchronous_commit', 'off', true);
-        IF p_timeout_ms IS NOT NULL THEN
-            PERFORM set_config('lock_timeout', p_timeout_ms::text, true);
-        END IF;
+        PERFORM set_config('synchronous_commit', 'off', true),
+                set_config('lock_timeout', coalesce(p_timeout_ms, 0)::text, true);
         BEGIN
             PERFORM agentpost._drain(v_r);
         EXCEPTION WHEN lock_not_available OR query_canceled OR deadlock_detected
@@ -489,13 +487,15 @@ BEGIN
 END $$;
 
 CREATE FUNCTION agentpost._results(p_ids text[]) RETURNS jsonb
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce(jsonb_agg(jsonb_build_object('envelope_id', e.id, 'status', e.status,
-                                                 'reason', e.reason)
-                              ORDER BY u.k), '[]')
-      FROM unnest(p_ids) WITH ORDINALITY AS u(id, k)
-      JOIN agentpost.envelopes e ON e.id = u.id;
-$$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT coalesce(jsonb_agg(jsonb_build_object('envelope_id', e.id,
+                                                         'status', e.status,
+                                                         'reason', e.reason)
+                                      ORDER BY u.k), '[]')
+              FROM unnest(p_ids) WITH ORDINALITY AS u(id, k)
+              JOIN agentpost.envelopes e ON e.id = u.id);
+END $$;
 
 -- The send path: one call, two phases. The result lists, in draft order, each envelope's id,
 -- status (acknowledged, validated = queued or retrying, rejected) and reason.

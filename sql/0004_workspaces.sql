@@ -1,5 +1,7 @@
 -- Registry changes, workspaces, their transitions, consumption and port-right management.
 -- Each function is one protocol step: one transaction, its trail entries committed with it.
+-- Error codes besides the generic ones of 0001: APT09 invalid transition, APB09 inbox held by
+-- a blocking envelope.
 
 CREATE FUNCTION agentpost.define_role(p_name text, p_inherits text) RETURNS jsonb
 LANGUAGE plpgsql AS $$
@@ -65,10 +67,11 @@ END $$;
 -- May a workspace of lineage p_from send anything to one of lineage p_to? (Rights along a
 -- parent-child edge are created when it may.)
 CREATE FUNCTION agentpost._may_send(p_from text[], p_to text[]) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM agentpost.permissions p
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM agentpost.permissions p
                     WHERE p.sender_role = ANY (p_from) AND p.receiver_role = ANY (p_to));
-$$;
+END $$;
 
 CREATE FUNCTION agentpost.create_workspace(p_id text, p_role text, p_parent text,
                                            p_originator text, p_delegation boolean,
@@ -124,6 +127,7 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM agentpost._fail('AP409', format('workspace %L already exists', v_id));
     END IF;
+    INSERT INTO agentpost.trail_heads (chain) VALUES (v_id);
 
     t_chain := t_chain || v_id;
     t_event := t_event || 'workspace_created'::text;
@@ -176,7 +180,7 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM agentpost.workspace_transitions
                     WHERE from_state = v_from AND to_state = p_state) THEN
-        PERFORM agentpost._fail('AP409', format(
+        PERFORM agentpost._fail('APT09', format(
             'workspace %L cannot go from %s to %s', p_ws, v_from, p_state));
     END IF;
     UPDATE agentpost.workspaces SET state = p_state, updated_at = clock_timestamp()
@@ -228,7 +232,7 @@ BEGIN
        AND x.rank = 0
      ORDER BY x.seq LIMIT 1;
     IF v_gate IS NOT NULL AND v_gate <> p_id THEN
-        PERFORM agentpost._fail('AP409', format(
+        PERFORM agentpost._fail('APB09', format(
             'the inbox of %L is held by blocking envelope %L; consume it first', p_ws, v_gate));
     END IF;
     UPDATE agentpost.envelopes SET consumed_at = clock_timestamp() WHERE id = p_id;

@@ -1,0 +1,58 @@
+"""Configuration from the environment, in one place.
+
+| variable | meaning | default |
+|---|---|---|
+| AGENTPOST_DSN | Postgres DSN of the store | none (discovery finds one for demo and tests) |
+| AGENTPOST_TRAIL_KEY | HMAC key that signs the trail | a development key, with a warning |
+| AGENTPOST_ACK_TIMEOUT | base acknowledgment timeout in seconds (WACP §7.1) | 2.0 |
+| AGENTPOST_MAX_CONTENT_BYTES | largest payload accepted | 1048576 |
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentpost.protocol.errors import ConfigurationError
+from agentpost.protocol.validation import DEFAULT_MAX_CONTENT_BYTES
+
+#: used only when no key is configured; anyone can forge entries signed with it
+DEVELOPMENT_TRAIL_KEY = "agentpost-development-key-not-secret"
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    dsn: str | None = None
+    trail_key: str = DEVELOPMENT_TRAIL_KEY
+    ack_timeout: float = Field(default=2.0, gt=0, le=3600)
+    max_content_bytes: int = Field(default=DEFAULT_MAX_CONTENT_BYTES, gt=0, le=256 << 20)
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Settings:
+        env = os.environ
+        values: dict[str, object] = {}
+        if env.get("AGENTPOST_DSN"):
+            values["dsn"] = env["AGENTPOST_DSN"]
+        if env.get("AGENTPOST_TRAIL_KEY"):
+            values["trail_key"] = env["AGENTPOST_TRAIL_KEY"]
+        if env.get("AGENTPOST_ACK_TIMEOUT"):
+            values["ack_timeout"] = env["AGENTPOST_ACK_TIMEOUT"]
+        if env.get("AGENTPOST_MAX_CONTENT_BYTES"):
+            values["max_content_bytes"] = env["AGENTPOST_MAX_CONTENT_BYTES"]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            settings = cls(**values)
+        except ValueError as exc:
+            raise ConfigurationError(f"bad agentpost configuration: {exc}") from None
+        if settings.trail_key == DEVELOPMENT_TRAIL_KEY:
+            warnings.warn("AGENTPOST_TRAIL_KEY is not set: the trail is signed with the public "
+                          "development key", stacklevel=2)
+        return settings
+
+    def require_dsn(self) -> str:
+        if not self.dsn:
+            raise ConfigurationError("no store configured: set AGENTPOST_DSN")
+        return self.dsn

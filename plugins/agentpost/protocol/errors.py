@@ -1,0 +1,42 @@
+"""Typed errors. Every failure that crosses the public API is one of these, with a message
+meant for a person; database errors never leak through."""
+
+
+class AgentpostError(Exception):
+    """Base of every error agentpost raises on purpose."""
+
+
+class InvalidInput(AgentpostError, ValueError):
+    """The caller passed something malformed that cannot even be recorded as a rejection."""
+
+
+class NotFound(AgentpostError, LookupError):
+    """An unknown workspace, role, envelope or port right."""
+
+
+class Conflict(AgentpostError):
+    """The request contradicts the current state (already exists, already consumed, ...)."""
+
+
+class InvalidTransition(Conflict):
+    """A workspace state change that the state machine does not allow."""
+
+
+class InboxBlocked(Conflict):
+    """A blocking envelope holds the inbox: it must be consumed first."""
+
+
+class Forbidden(AgentpostError, PermissionError):
+    """The acting workspace may not do this (e.g. revoke a right without being a coordinator)."""
+
+
+class ConfigurationError(AgentpostError):
+    """agentpost is not configured well enough to do this (e.g. no trail key)."""
+
+
+class StoreError(AgentpostError):
+    """The store failed in a way the caller cannot fix by changing the request."""
+
+
+class StoreUnavailable(StoreError):
+    """The store's database cannot be reached."""

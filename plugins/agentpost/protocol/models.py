@@ -1,0 +1,208 @@
+"""The WACP envelope schema (§3) and the records around it, as frozen pydantic models.
+
+Runtime-assigned fields (id, timestamp, origin, status) exist only on `Envelope`, which the
+store builds from its own rows; callers describe what to send with a `Draft`, which has no
+such fields and refuses extra ones.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Priority(StrEnum):
+    NORMAL = "normal"
+    URGENT = "urgent"
+    BLOCKING = "blocking"
+
+
+class Origin(StrEnum):
+    AGENT = "agent"
+    HUMAN = "human"
+
+
+class Status(StrEnum):
+    """Envelope lifecycle (§5). `undeliverable` is the outcome of §6/§7 (sealed target or
+    exhausted redelivery) kept on the row; `created` exists only before validation."""
+
+    CREATED = "created"
+    VALIDATED = "validated"
+    DELIVERED = "delivered"
+    ACKNOWLEDGED = "acknowledged"
+    REJECTED = "rejected"
+    UNDELIVERABLE = "undeliverable"
+
+
+class RejectionReason(StrEnum):
+    """The closed set of §9."""
+
+    PERMISSION_DENIED = "permission_denied"
+    NO_SEND_RIGHT = "no_send_right"
+    INVALID_TYPE = "invalid_type"
+    INVALID_STRUCTURE = "invalid_structure"
+    TARGET_NOT_FOUND = "target_not_found"
+    TARGET_TERMINAL = "target_terminal"
+
+
+class WorkspaceState(StrEnum):
+    IDLE = "idle"
+    ACTIVE = "active"
+    BLOCKED = "blocked"
+    MIGRATING = "migrating"
+    SUSPENDED = "suspended"
+    INTEGRATING = "integrating"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+#: states whose inbox takes deliveries now
+DELIVERABLE = frozenset({WorkspaceState.IDLE, WorkspaceState.ACTIVE, WorkspaceState.BLOCKED})
+#: states whose inbox queues validated envelopes until the workspace resumes
+QUEUEING = frozenset({WorkspaceState.MIGRATING, WorkspaceState.SUSPENDED})
+#: states whose inbox is sealed: sends are rejected, queued envelopes become undeliverable
+SEALED = frozenset({WorkspaceState.INTEGRATING, WorkspaceState.CLOSED, WorkspaceState.FAILED})
+
+
+class RightType(StrEnum):
+    SEND = "send"
+    SEND_ONCE = "send_once"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid")
+
+
+class Right(_Frozen):
+    """A port right carried in an envelope's `rights` field."""
+
+    type: RightType
+    target: str
+
+
+class Payload(_Frozen):
+    format: str
+    content: str | None
+    attachments: tuple[str, ...] = ()
+
+
+class Draft(_Frozen):
+    """What a caller asks to send. The runtime assigns everything else."""
+
+    sender: str = Field(alias="from")
+    to: str
+    type: str
+    content: str
+    format: str = "markdown"
+    attachments: tuple[str, ...] = ()
+    in_reply_to: str | None = None
+    priority: Priority = Priority.NORMAL
+    rights: tuple[Right, ...] = ()
+
+
+class Envelope(_Frozen):
+    """An envelope as the store holds it: the §3 fields plus delivery bookkeeping."""
+
+    id: str
+    from_: str = Field(alias="from")
+    to: str
+    originator: str
+    type: str
+    payload: Payload
+    in_reply_to: str | None = None
+    rights: tuple[Right, ...] = ()
+    priority: Priority
+    timestamp: datetime
+    origin: Origin
+    status: Status
+    # beyond §3: where the envelope stands in delivery
+    seq: int
+    reason: str | None = None
+    delivered_at: datetime | None = None
+    consumed_at: datetime | None = None
+    attempts: int = 0
+
+    @property
+    def sender(self) -> str:
+        return self.from_
+
+    @property
+    def content(self) -> str | None:
+        return self.payload.content
+
+
+class SendResult(_Frozen):
+    """The outcome of one send: `acknowledged` (in the inbox), `validated` (accepted and
+    queued: the target is migrating or suspended, its inbox is held by a blocking envelope,
+    or the delivery attempt is being retried) or `rejected` with a §9 reason."""
+
+    envelope_id: str
+    status: Status
+    reason: str | None = None
+    detail: str | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.status is not Status.REJECTED
+
+
+class Workspace(_Frozen):
+    id: str
+    role: str
+    #: the role followed by the roles it inherits from
+    lineage: tuple[str, ...]
+    parent: str | None
+    originator: str
+    delegation: bool
+    state: WorkspaceState
+    created_at: datetime
+    updated_at: datetime
+
+
+class Signal(_Frozen):
+    """A runtime signal to a workspace: acknowledged, failed, or rejected (notification)."""
+
+    id: int
+    workspace_id: str
+    signal: str
+    ref: str | None
+    reason: str | None
+    emitted_by: str | None
+    at: datetime
+
+
+class PortRight(_Frozen):
+    id: str
+    holder: str
+    target: str
+    kind: RightType
+    state: str
+    created_by: str
+    via_envelope: str | None = None
+
+
+class TrailEvent(_Frozen):
+    id: int
+    chain: str
+    seq: int
+    event: str
+    envelope_id: str | None
+    at: datetime
+    body: dict[str, Any]
+
+
+class TrailVerification(_Frozen):
+    """The result of checking every chain: the first failing entry (lowest trail id) is named
+    by id, chain and sequence number, with what failed."""
+
+    ok: bool
+    entries: int
+    chains: int
+    failures: int = 0
+    failure_id: int | None = None
+    failure_chain: str | None = None
+    failure_seq: int | None = None
+    failure: str | None = None

@@ -1,0 +1,118 @@
+"""Trail integrity: how entries are hashed and signed, and the check that finds tampering.
+
+Each chain (one per workspace) is a sequence 1..n. Entry k stores the canonical JSON record
+that was hashed and the hash of entry k-1:
+
+    hash_k = SHA-256(hash_{k-1} || utf8(record_k))      hash_0 = 32 zero bytes
+    mac_k  = HMAC-SHA256(key, hash_k)
+
+The database computes both (it only ever sees the key's RFC 2104 pads); this module checks them
+independently, with the key itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+GENESIS = bytes(32)
+_BLOCK = 64
+
+
+def key_pads(key: bytes) -> tuple[bytes, bytes]:
+    """The HMAC-SHA256 inner and outer pads of `key` (RFC 2104), as the database uses them."""
+    if len(key) > _BLOCK:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(_BLOCK, b"\x00")
+    return bytes(b ^ 0x36 for b in key), bytes(b ^ 0x5C for b in key)
+
+
+def entry_hash(prev: bytes, record: str) -> bytes:
+    return hashlib.sha256(prev + record.encode("utf-8")).digest()
+
+
+def entry_mac(key: bytes, digest: bytes) -> bytes:
+    return hmac.new(key, digest, hashlib.sha256).digest()
+
+
+@dataclass(frozen=True)
+class StoredEntry:
+    """A trail row as stored, every column that the check covers."""
+
+    id: int
+    chain: str
+    seq: int
+    event: str
+    envelope_id: str | None
+    record: str
+    prev_hash: bytes
+    hash: bytes
+    mac: bytes
+
+
+@dataclass
+class ChainCheck:
+    """Feeds the entries of every chain, each chain in sequence order, and keeps failures."""
+
+    key: bytes
+    entries: int = 0
+    failures: list[tuple[int, str, int, str]] = field(default_factory=list)
+    _last: dict[str, tuple[int, bytes]] = field(default_factory=dict)
+    _failed_chains: set[str] = field(default_factory=set)
+
+    def feed(self, e: StoredEntry) -> None:
+        self.entries += 1
+        if e.chain in self._failed_chains:
+            return  # everything after a break in the same chain is suspect anyway
+        problem = self._problem(e)
+        seq, digest = self._last.get(e.chain, (0, GENESIS))
+        self._last[e.chain] = (e.seq, e.hash)
+        if problem is None and e.seq != seq + 1:
+            problem = f"sequence jumps from {seq} to {e.seq} (an entry is missing)"
+        if problem is None and e.prev_hash != digest:
+            problem = "does not link to the previous entry of its chain"
+        if problem is not None:
+            self._fail(e.id, e.chain, e.seq, problem)
+
+    def _problem(self, e: StoredEntry) -> str | None:
+        if entry_hash(e.prev_hash, e.record) != e.hash:
+            return "hash does not match the entry's content"
+        if not hmac.compare_digest(entry_mac(self.key, e.hash), e.mac):
+            return "signature does not match (wrong key or forged entry)"
+        try:
+            rec = json.loads(e.record)
+        except ValueError:
+            return "record is not valid JSON"
+        expected = {"chain": e.chain, "seq": e.seq, "event": e.event,
+                    "envelope_id": e.envelope_id}
+        for name, value in expected.items():
+            if rec.get(name) != value:
+                return f"column {name} differs from the signed record"
+        return None
+
+    def _fail(self, entry_id: int, chain: str, seq: int, problem: str) -> None:
+        self._failed_chains.add(chain)
+        self.failures.append((entry_id, chain, seq, problem))
+
+    def finish(self, heads: Iterable[tuple[str, int, bytes]]) -> None:
+        """Compare each chain's last entry with its recorded head (catches a cut tail)."""
+        for chain, seq, digest in heads:
+            if chain in self._failed_chains:
+                continue
+            last_seq, last_hash = self._last.get(chain, (0, GENESIS))
+            if (last_seq, last_hash) != (seq, digest):
+                self._fail(-1, chain, last_seq + 1,
+                           f"chain ends at entry {last_seq} but its head records {seq}")
+
+    @property
+    def chains(self) -> int:
+        return len(self._last)
+
+    def first_failure(self) -> tuple[int, str, int, str] | None:
+        if not self.failures:
+            return None
+        real = [f for f in self.failures if f[0] >= 0]
+        return min(real) if real else self.failures[0]

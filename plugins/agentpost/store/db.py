@@ -1,0 +1,122 @@
+"""Connections to the store's database, and the translation of its errors.
+
+A small SQLAlchemy pool of psycopg2 connections in autocommit mode: every protocol step is a
+server-side function or procedure that owns its transaction(s), so the client never holds one
+open. Each new connection gets the trail key's HMAC pads as session settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg2
+import psycopg2.extras
+from sqlalchemy import create_engine
+from sqlalchemy.pool import QueuePool
+
+from agentpost.protocol.errors import (
+    AgentpostError,
+    ConfigurationError,
+    Conflict,
+    Forbidden,
+    InboxBlocked,
+    InvalidInput,
+    InvalidTransition,
+    NotFound,
+    StoreError,
+    StoreUnavailable,
+)
+from agentpost.protocol.trail import key_pads
+
+_ERRORS: dict[str, type[AgentpostError]] = {
+    "AP400": InvalidInput,
+    "AP403": Forbidden,
+    "AP404": NotFound,
+    "AP409": Conflict,
+    "APT09": InvalidTransition,
+    "APB09": InboxBlocked,
+    "AP500": ConfigurationError,
+}
+
+
+def translate(exc: psycopg2.Error) -> AgentpostError:
+    """A typed agentpost error for a database error, with a message fit for a person."""
+    code = getattr(exc, "pgcode", None)
+    diag = getattr(exc, "diag", None)
+    message = (diag.message_primary if diag is not None else None) or str(exc).strip()
+    if code in _ERRORS:
+        return _ERRORS[code](message)
+    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError) and code is None:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "connection lost"
+        return StoreUnavailable(f"cannot reach the agentpost store: {first}")
+    if code == "3F000" or code == "42P01":
+        return ConfigurationError("the agentpost schema is missing: run `agentpost migrate`")
+    return StoreError(f"the agentpost store failed ({code or 'no code'}): {message}")
+
+
+class Database:
+    """Pooled access to one Postgres database."""
+
+    def __init__(self, dsn: str, trail_key: bytes, *, pool_size: int = 4) -> None:
+        self.dsn = dsn
+        self._pads = tuple(p.hex() for p in key_pads(trail_key))
+        self._engine = create_engine(
+            "postgresql+psycopg2://", creator=self._connect, poolclass=QueuePool,
+            pool_size=pool_size, max_overflow=16, pool_reset_on_return=None)
+
+    def _connect(self) -> Any:
+        try:
+            conn = psycopg2.connect(self.dsn, application_name="agentpost")
+        except psycopg2.Error as exc:
+            raise translate(exc) from None
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("SELECT set_config('agentpost.mac_ipad', %s, false),"
+                        " set_config('agentpost.mac_opad', %s, false)", self._pads)
+        return conn
+
+    @contextmanager
+    def cursor(self) -> Iterator[Any]:
+        """A cursor on a pooled connection; database errors come out translated, and a
+        connection that broke is dropped from the pool."""
+        try:
+            fairy = self._engine.raw_connection()
+        except AgentpostError:
+            raise
+        except psycopg2.Error as exc:
+            raise translate(exc) from None
+        broken = False
+        try:
+            with fairy.driver_connection.cursor() as cur:
+                yield cur
+        except psycopg2.Error as exc:
+            broken = fairy.driver_connection.closed != 0 or isinstance(
+                exc, psycopg2.OperationalError | psycopg2.InterfaceError)
+            raise translate(exc) from None
+        finally:
+            if broken:
+                fairy.invalidate()
+            fairy.close()
+
+    def fetchall(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
+        with self.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall()
+
+    def fetchone(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
+        with self.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchone()
+
+    def scalar(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
+        row = self.fetchone(sql, params)
+        return None if row is None else row[0]
+
+    def dispose(self) -> None:
+        self._engine.dispose()
+
+
+def json_param(value: Any) -> psycopg2.extras.Json:
+    return psycopg2.extras.Json(value)

@@ -1,0 +1,359 @@
+"""The envelope store: WACP envelopes on Postgres.
+
+Each public method is one protocol step carried out by one server-side function or procedure
+(see sql/), so a send is one round trip however much it validates and records. This class
+checks what it can without the database (draft structure), turns rows into models, and turns
+database errors into typed errors.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from agentpost.config import Settings
+from agentpost.protocol.errors import InvalidInput, NotFound
+from agentpost.protocol.models import (
+    Envelope,
+    Payload,
+    PortRight,
+    RejectionReason,
+    SendResult,
+    Signal,
+    Status,
+    TrailEvent,
+    TrailVerification,
+    Workspace,
+    WorkspaceState,
+)
+from agentpost.protocol.trail import ChainCheck, StoredEntry
+from agentpost.protocol.validation import (
+    MAX_ID,
+    DraftRow,
+    check_sender,
+    clean_text,
+    draft_fields,
+    normalize_draft,
+)
+from agentpost.protocol.validation import _Malformed as Malformed
+from agentpost.store.db import Database
+from agentpost.store.migrations import migrate
+from agentpost.store.queries import QUERIES
+
+_NAME_LIMIT = 64
+
+
+def _name(value: object, what: str) -> str:
+    """A registry name (role, type, workspace id): a short clean string."""
+    try:
+        text = clean_text(value, limit=_NAME_LIMIT, what=what)
+    except Malformed as exc:
+        raise InvalidInput(str(exc)) from None
+    if not text.strip():
+        raise InvalidInput(f"{what} must not be empty")
+    return text
+
+
+def _ref(value: object, what: str) -> str:
+    """An id given back to us (envelope id, workspace id): checked before it reaches SQL."""
+    try:
+        return clean_text(value, limit=MAX_ID, what=what)
+    except Malformed as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def _envelope(row: Sequence[Any]) -> Envelope:
+    (eid, sender, recipient, originator, etype, fmt, content, attachments, reply, rights,
+     priority, created_at, origin, status, seq, reason, delivered_at, consumed_at,
+     attempts) = row
+    return Envelope.model_validate({
+        "id": eid, "from": sender, "to": recipient, "originator": originator, "type": etype,
+        "payload": Payload(format=fmt, content=content, attachments=tuple(attachments)),
+        "in_reply_to": reply, "rights": rights, "priority": priority,
+        "timestamp": created_at, "origin": origin, "status": status, "seq": seq,
+        "reason": reason, "delivered_at": delivered_at, "consumed_at": consumed_at,
+        "attempts": attempts,
+    })
+
+
+def _workspace(row: Sequence[Any]) -> Workspace:
+    wid, role, lineage, parent, originator, delegation, state, created_at, updated_at = row
+    return Workspace(id=wid, role=role, lineage=tuple(lineage), parent=parent,
+                     originator=originator, delegation=delegation, state=state,
+                     created_at=created_at, updated_at=updated_at)
+
+
+class EnvelopeStore:
+    """WACP envelopes, workspaces, port rights and the signed trail, on Postgres."""
+
+    def __init__(self, dsn: str | None = None, *, settings: Settings | None = None,
+                 trail_key: str | None = None, ack_timeout: float | None = None,
+                 max_content_bytes: int | None = None, pool_size: int = 4) -> None:
+        self.settings = settings or Settings.from_env(
+            dsn=dsn, trail_key=trail_key, ack_timeout=ack_timeout,
+            max_content_bytes=max_content_bytes)
+        self.dsn = self.settings.require_dsn()
+        self._key = self.settings.trail_key.encode("utf-8")
+        self.db = Database(self.dsn, self._key, pool_size=pool_size)
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> EnvelopeStore:
+        """A store configured from AGENTPOST_* variables (see agentpost.config)."""
+        return cls(**overrides)
+
+    def close(self) -> None:
+        self.db.dispose()
+
+    def __enter__(self) -> EnvelopeStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def migrate(self) -> list[str]:
+        """Apply pending migrations; returns the names applied (none the second time)."""
+        return migrate(self.dsn)
+
+    @property
+    def _timeout_ms(self) -> int:
+        return max(1, round(self.settings.ack_timeout * 1000))
+
+    # -- registry -----------------------------------------------------------------------
+
+    def define_role(self, name: str, inherits: str | None = None) -> dict[str, Any]:
+        """Define a role; a derived role holds every permission row of the role it inherits."""
+        parent = None if inherits is None else _name(inherits, "inherits")
+        return self.db.scalar("SELECT agentpost.define_role(%s, %s)",
+                              (_name(name, "role name"), parent))
+
+    def register_type(self, name: str, senders: Iterable[str], receivers: Iterable[str],
+                      required_fields: Iterable[str] = ()) -> dict[str, Any]:
+        """Register an envelope type with its permission rows (every sender role to every
+        receiver role) and the top-level fields its JSON payload must carry."""
+        senders = [_name(s, "sender role") for s in _strings(senders, "senders")]
+        receivers = [_name(r, "receiver role") for r in _strings(receivers, "receivers")]
+        fields = [_name(f, "required field") for f in _strings(required_fields,
+                                                               "required_fields")]
+        if not senders or not receivers:
+            raise InvalidInput("a type needs at least one sender role and one receiver role")
+        return self.db.scalar("SELECT agentpost.register_type(%s, %s, %s, %s)",
+                              (_name(name, "type name"), senders, receivers, fields))
+
+    def create_workspace(self, role: str, parent: str | None = None,
+                         originator: str = "system", delegation: bool = False, *,
+                         workspace_id: str | None = None,
+                         caused_by: str | None = None) -> Workspace:
+        """Create a workspace. Its originator is inherited from `caused_by` (an envelope) or
+        from the parent, and never changes; send rights along the parent edge follow the
+        permission matrix."""
+        if not isinstance(delegation, bool):
+            raise InvalidInput("delegation must be true or false")
+        row = self.db.scalar(
+            "SELECT agentpost.create_workspace(%s, %s, %s, %s, %s, %s)",
+            (None if workspace_id is None else _name(workspace_id, "workspace id"),
+             _name(role, "role"), None if parent is None else _ref(parent, "parent"),
+             _name(originator, "originator"), delegation,
+             None if caused_by is None else _ref(caused_by, "caused_by")))
+        return Workspace.model_validate(row)
+
+    def transition(self, workspace_id: str, state: str | WorkspaceState) -> dict[str, Any]:
+        """Move a workspace to `state`. Resuming delivers what queued, in order; sealing
+        (integrating, closed, failed) makes what queued undeliverable."""
+        try:
+            target = WorkspaceState(state)
+        except ValueError:
+            raise InvalidInput(f"unknown workspace state {state!r}") from None
+        row = self.db.fetchone(QUERIES["transition"],
+                               {"ws": _ref(workspace_id, "workspace id"),
+                                "state": target.value})
+        return row[0]
+
+    def workspace(self, workspace_id: str) -> Workspace:
+        row = self.db.fetchone(QUERIES["workspace"], {"id": _ref(workspace_id, "workspace id")})
+        if row is None:
+            raise NotFound(f"unknown workspace {workspace_id!r}")
+        return _workspace(row)
+
+    def workspaces(self) -> list[Workspace]:
+        return [_workspace(r) for r in self.db.fetchall(QUERIES["workspaces"])]
+
+    # -- sending ------------------------------------------------------------------------
+
+    def send(self, sender: str, to: str, type: str, content: Any, *,  # noqa: A002
+             format: str = "markdown", attachments: Iterable[str] = (),  # noqa: A002
+             in_reply_to: str | None = None, priority: str = "normal",
+             rights: Iterable[Any] = ()) -> SendResult:
+        """Validate, record and deliver one envelope. Never raises for a bad envelope: it
+        comes back rejected with its §9 reason. Raises for an unknown or sealed sender."""
+        fields = {"from": sender, "to": to, "type": type, "content": content,
+                  "format": format, "attachments": attachments, "in_reply_to": in_reply_to,
+                  "priority": priority, "rights": rights}
+        return self._send([self._draft(fields, 0)], "agent", None)[0]
+
+    def send_many(self, drafts: Iterable[Mapping[str, Any] | Any]) -> list[SendResult]:
+        """Send many envelopes in one call: one durable commit for the lot, then delivery.
+        Each draft is a mapping with `from`, `to`, `type`, `content` and the optional fields
+        of `send`, or a `Draft`. Results come back in draft order."""
+        rows = [self._draft(draft_fields(d), i) for i, d in enumerate(drafts)]
+        return self._send(rows, "agent", None) if rows else []
+
+    def inject(self, user_id: str, to: str, type: str, content: Any, *,  # noqa: A002
+               format: str = "markdown", attachments: Iterable[str] = (),  # noqa: A002
+               in_reply_to: str | None = None, priority: str = "normal") -> SendResult:
+        """The human highway: a person sends into any non-sealed workspace. The envelope has
+        origin `human` and originator = `user_id`; it needs no send right and no matrix row,
+        but is validated for structure and type like any other."""
+        user = _name(user_id, "user id")
+        fields = {"from": f"human:{user}", "to": to, "type": type, "content": content,
+                  "format": format, "attachments": attachments, "in_reply_to": in_reply_to,
+                  "priority": priority}
+        return self._send([self._draft(fields, 0)], "human", user)[0]
+
+    def _draft(self, fields: Mapping[str, Any], index: int) -> DraftRow:
+        return normalize_draft(fields, index=index,
+                               max_content_bytes=self.settings.max_content_bytes)
+
+    def _send(self, rows: list[DraftRow], origin: str, user: str | None) -> list[SendResult]:
+        payload = json.dumps([r.row for r in rows], ensure_ascii=False)
+        results = self.db.scalar(QUERIES["send"], {
+            "drafts": payload, "origin": origin, "user": user, "timeout_ms": self._timeout_ms})
+        return [
+            SendResult(envelope_id=res["envelope_id"], status=res["status"],
+                       reason=res["reason"], detail=row.problem)
+            for res, row in zip(results, rows, strict=True)
+        ]
+
+    # -- receiving ----------------------------------------------------------------------
+
+    def inbox(self, workspace_id: str, limit: int | None = None) -> list[Envelope]:
+        """Delivered, unconsumed envelopes in processing order. A waiting blocking envelope
+        holds back the rest: then only blocking envelopes are listed."""
+        if limit is not None and (not isinstance(limit, int) or limit < 0):
+            raise InvalidInput("limit must be a non-negative integer")
+        ws = self.workspace(workspace_id).id
+        return [_envelope(r) for r in self.db.fetchall(QUERIES["inbox"],
+                                                       {"ws": ws, "limit": limit})]
+
+    def queued(self, workspace_id: str) -> list[Envelope]:
+        """Validated envelopes waiting for delivery to this workspace, in creation order."""
+        ws = _ref(workspace_id, "workspace id")
+        return [_envelope(r) for r in self.db.fetchall(QUERIES["queued"], {"ws": ws})]
+
+    def consume(self, workspace_id: str, envelope_id: str) -> Envelope:
+        """Mark an inbox envelope as acted on. Consuming a blocking envelope reopens
+        delivery of what queued behind it."""
+        self.db.scalar("SELECT agentpost.consume(%s, %s)",
+                       (_ref(workspace_id, "workspace id"), _ref(envelope_id, "envelope id")))
+        return self.get(envelope_id)
+
+    def get(self, envelope_id: str) -> Envelope:
+        row = self.db.fetchone(QUERIES["get_envelope"], {"id": _ref(envelope_id, "envelope id")})
+        if row is None:
+            raise NotFound(f"unknown envelope {envelope_id!r}")
+        return _envelope(row)
+
+    def signals(self, workspace_id: str, after: int = 0) -> list[Signal]:
+        """Signals the runtime emitted to a workspace (acknowledged, failed, rejected)."""
+        rows = self.db.fetchall(QUERIES["signals"],
+                                {"ws": _ref(workspace_id, "workspace id"), "after": after})
+        return [Signal(id=r[0], workspace_id=r[1], signal=r[2], ref=r[3], reason=r[4],
+                       emitted_by=r[5], at=r[6]) for r in rows]
+
+    # -- port rights --------------------------------------------------------------------
+
+    def rights(self, workspace_id: str, *, include_ended: bool = False) -> list[PortRight]:
+        rows = self.db.fetchall(QUERIES["rights"], {"ws": _ref(workspace_id, "workspace id"),
+                                                    "all": include_ended})
+        return [PortRight(id=r[0], holder=r[1], target=r[2], kind=r[3], state=r[4],
+                          created_by=r[5], via_envelope=r[6]) for r in rows]
+
+    def grant_right(self, granted_by: str, holder: str, target: str,
+                    kind: str = "send") -> str:
+        """Mint a send or send_once right to `target`; only the target itself or a
+        coordinator may."""
+        if kind not in ("send", "send_once"):
+            raise InvalidInput("kind is send or send_once")
+        return self.db.scalar("SELECT agentpost.grant_right(%s, %s, %s, %s)",
+                              (_ref(granted_by, "granted_by"), _ref(holder, "holder"),
+                               _ref(target, "target"), kind))
+
+    def revoke_right(self, right_id: str, revoked_by: str, reason: str = "") -> dict[str, Any]:
+        """A coordinator revokes a live right."""
+        try:
+            why = clean_text(reason, limit=500, what="reason")
+        except Malformed as exc:
+            raise InvalidInput(str(exc)) from None
+        return self.db.scalar("SELECT agentpost.revoke_right(%s, %s, %s)",
+                              (_ref(right_id, "right id"), _ref(revoked_by, "revoked_by"), why))
+
+    # -- maintenance --------------------------------------------------------------------
+
+    def deliver(self, envelope_id: str) -> str:
+        """A transport-level delivery attempt of one envelope. A duplicate of a delivered
+        envelope is suppressed and recorded as `envelope_redelivered` ("duplicate")."""
+        return self.db.scalar("SELECT agentpost.deliver_again(%s)",
+                              (_ref(envelope_id, "envelope id"),))
+
+    def redeliver(self) -> dict[str, Any]:
+        """Retry due deliveries (acknowledgment timeout, §7.1): attempt k waits k × the base
+        timeout; the fourth failed attempt makes the envelope undeliverable."""
+        return self.db.scalar(QUERIES["redeliver"], {"timeout_ms": self._timeout_ms})
+
+    def recover(self) -> dict[str, Any]:
+        """Complete every validated-but-undelivered envelope after a crash (§7.2)."""
+        return self.db.scalar(QUERIES["recover"])
+
+    def trail(self, *, workspace_id: str | None = None, envelope_id: str | None = None,
+              event: str | None = None, after: int = 0, limit: int = 10_000) -> list[TrailEvent]:
+        """Trail entries in the order they were written, filtered."""
+        params = {"chain": None if workspace_id is None else _ref(workspace_id, "workspace"),
+                  "envelope_id": None if envelope_id is None else _ref(envelope_id, "envelope"),
+                  "event": None if event is None else _ref(event, "event"),
+                  "after": after, "limit": limit}
+        return [TrailEvent(id=r[0], chain=r[1], seq=r[2], event=r[3], envelope_id=r[4],
+                           at=r[5], body=json.loads(r[6])["body"])
+                for r in self.db.fetchall(QUERIES["trail"], params)]
+
+    def verify_trail(self) -> TrailVerification:
+        """Recompute every chain's hashes and signatures with the configured key."""
+        check = ChainCheck(self._key)
+        with self.db.cursor() as cur:
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                heads = self._stream_entries(cur, check)
+            finally:
+                cur.execute("COMMIT")
+        check.finish(heads)
+        first = check.first_failure()
+        return TrailVerification(
+            ok=first is None, entries=check.entries, chains=check.chains,
+            failures=len(check.failures),
+            failure_id=None if first is None or first[0] < 0 else first[0],
+            failure_chain=None if first is None else first[1],
+            failure_seq=None if first is None else first[2],
+            failure=None if first is None else first[3])
+
+    def _stream_entries(self, cur: Any, check: ChainCheck) -> list[tuple[str, int, bytes]]:
+        cur.execute("DECLARE verify_cursor NO SCROLL CURSOR FOR " + QUERIES["verify_entries"])
+        while True:
+            cur.execute("FETCH 5000 FROM verify_cursor")
+            rows = cur.fetchall()
+            if not rows:
+                break
+            for r in rows:
+                check.feed(StoredEntry(id=r[0], chain=r[1], seq=r[2], event=r[3],
+                                       envelope_id=r[4], record=r[5], prev_hash=bytes(r[6]),
+                                       hash=bytes(r[7]), mac=bytes(r[8])))
+        cur.execute("CLOSE verify_cursor")
+        cur.execute(QUERIES["heads"])
+        return [(c, s, bytes(h)) for c, s, h in cur.fetchall()]
+
+
+def _strings(values: Iterable[str], what: str) -> list[str]:
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise InvalidInput(f"{what} must be a list of names")
+    return list(values)
+
+
+__all__ = ["EnvelopeStore", "RejectionReason", "Status"]

@@ -1,0 +1,83 @@
+-- Read queries of the envelope store. Writes go through the functions in sql/.
+
+-- name: get_envelope
+SELECT id, sender, recipient, originator, type, format, content, attachments, in_reply_to,
+       rights, priority, created_at, origin, status, seq, reason, delivered_at, consumed_at,
+       attempts
+  FROM agentpost.envelopes
+ WHERE id = %(id)s
+
+-- name: inbox
+-- Processing order: blocking, urgent, normal; creation order within a level. While a blocking
+-- envelope waits unconsumed, it holds back the rest of the inbox.
+SELECT id, sender, recipient, originator, type, format, content, attachments, in_reply_to,
+       rights, priority, created_at, origin, status, seq, reason, delivered_at, consumed_at,
+       attempts
+  FROM agentpost.envelopes e
+ WHERE e.recipient = %(ws)s AND e.status = 'acknowledged' AND e.consumed_at IS NULL
+   AND (e.rank = 0 OR NOT EXISTS (
+            SELECT 1 FROM agentpost.envelopes b
+             WHERE b.recipient = %(ws)s AND b.status = 'acknowledged'
+               AND b.consumed_at IS NULL AND b.rank = 0))
+ ORDER BY e.rank, e.seq
+ LIMIT %(limit)s
+
+-- name: queued
+SELECT id, sender, recipient, originator, type, format, content, attachments, in_reply_to,
+       rights, priority, created_at, origin, status, seq, reason, delivered_at, consumed_at,
+       attempts
+  FROM agentpost.envelopes
+ WHERE recipient = %(ws)s AND status = 'validated'
+ ORDER BY seq
+
+-- name: workspace
+SELECT id, role, lineage, parent, originator, delegation, state, created_at, updated_at
+  FROM agentpost.workspaces
+ WHERE id = %(id)s
+
+-- name: workspaces
+SELECT id, role, lineage, parent, originator, delegation, state, created_at, updated_at
+  FROM agentpost.workspaces
+ ORDER BY created_at, id
+
+-- name: signals
+SELECT id, workspace_id, signal, ref, reason, emitted_by, at
+  FROM agentpost.signals
+ WHERE workspace_id = %(ws)s AND id > %(after)s
+ ORDER BY id
+
+-- name: rights
+SELECT id, holder, target, kind, state, created_by, via_envelope
+  FROM agentpost.port_rights
+ WHERE holder = %(ws)s AND (%(all)s OR state = 'live')
+ ORDER BY created_at, id
+
+-- name: trail
+SELECT id, chain, chain_seq, event, envelope_id, at, record
+  FROM agentpost.trail
+ WHERE (%(chain)s::text IS NULL OR chain = %(chain)s)
+   AND (%(envelope_id)s::text IS NULL OR envelope_id = %(envelope_id)s)
+   AND (%(event)s::text IS NULL OR event = %(event)s)
+   AND id > %(after)s
+ ORDER BY id
+ LIMIT %(limit)s
+
+-- name: verify_entries
+SELECT id, chain, chain_seq, event, envelope_id, record, prev_hash, hash, mac
+  FROM agentpost.trail
+ ORDER BY chain, chain_seq, id
+
+-- name: heads
+SELECT chain, seq, hash FROM agentpost.trail_heads WHERE seq > 0
+
+-- name: send
+CALL agentpost.send(%(drafts)s, %(origin)s, %(user)s, %(timeout_ms)s, NULL)
+
+-- name: transition
+CALL agentpost.transition(%(ws)s, %(state)s, NULL)
+
+-- name: redeliver
+CALL agentpost.redeliver(%(timeout_ms)s, NULL)
+
+-- name: recover
+CALL agentpost.recover(NULL)
