@@ -31,7 +31,6 @@ from agentpost.protocol.trail import ChainCheck, StoredEntry
 from agentpost.protocol.validation import (
     MAX_ID,
     DraftRow,
-    check_sender,
     clean_text,
     draft_fields,
     normalize_draft,
@@ -180,8 +179,8 @@ class EnvelopeStore:
 
     # -- sending ------------------------------------------------------------------------
 
-    def send(self, sender: str, to: str, type: str, content: Any, *,  # noqa: A002
-             format: str = "markdown", attachments: Iterable[str] = (),  # noqa: A002
+    def send(self, sender: str, to: str, type: str, content: Any, *,
+             format: str = "markdown", attachments: Iterable[str] = (),
              in_reply_to: str | None = None, priority: str = "normal",
              rights: Iterable[Any] = ()) -> SendResult:
         """Validate, record and deliver one envelope. Never raises for a bad envelope: it
@@ -198,8 +197,8 @@ class EnvelopeStore:
         rows = [self._draft(draft_fields(d), i) for i, d in enumerate(drafts)]
         return self._send(rows, "agent", None) if rows else []
 
-    def inject(self, user_id: str, to: str, type: str, content: Any, *,  # noqa: A002
-               format: str = "markdown", attachments: Iterable[str] = (),  # noqa: A002
+    def inject(self, user_id: str, to: str, type: str, content: Any, *,
+               format: str = "markdown", attachments: Iterable[str] = (),
                in_reply_to: str | None = None, priority: str = "normal") -> SendResult:
         """The human highway: a person sends into any non-sealed workspace. The envelope has
         origin `human` and originator = `user_id`; it needs no send right and no matrix row,

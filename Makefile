@@ -1,0 +1,42 @@
+# Developer entry points. `make test` is the command CI runs (.ci/run).
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+UV_VERSION := 0.13.8
+PYSPARK_VERSION := 4.3.0
+# Rebuilt whenever the declared or locked dependencies change.
+STAMP := $(VENV)/.agentpost-installed
+UV_INSTALL := $(BIN)/uv pip install --python $(BIN)/python
+
+.PHONY: venv test lint demo bench constraints
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/uv --version 2>/dev/null | grep -q '^uv $(UV_VERSION)' \
+		|| $(BIN)/python -m pip install --quiet 'uv==$(UV_VERSION)'
+	$(UV_INSTALL) --constraints constraints.txt --build-constraints constraints.txt -e '.[dev]'
+	# The Spark provider pulls pyspark-client, which overwrites part of pyspark: put it back.
+	# (uninstall + install reuses uv's cached pyspark build; --reinstall would rebuild it)
+	$(BIN)/uv pip uninstall --python $(BIN)/python pyspark
+	$(UV_INSTALL) --no-deps 'pyspark==$(PYSPARK_VERSION)'
+	touch $@
+
+test: venv
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: venv
+	$(BIN)/ruff check .
+
+demo: venv
+	$(BIN)/agentpost demo
+
+bench: venv
+	$(BIN)/agentpost bench envelopes
+
+# Re-resolve the full lock after changing dependencies in pyproject.toml.
+constraints: venv
+	$(BIN)/uv pip compile pyproject.toml --extra dev --python-version 3.11 -o constraints.txt

@@ -1,0 +1,1 @@
+"""Airflow operators and sensors for agentpost, installed as ``agentpost.operators``."""

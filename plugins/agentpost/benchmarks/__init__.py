@@ -1,0 +1,19 @@
+"""Benchmarks: scripts that measure side by side in one run and print numbers and ratios.
+
+Speed goals live here, never in timed tests: the machines are shared and noisy, so each
+benchmark interleaves what it compares and reports medians over rounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+SUITES: dict[str, str] = {"envelopes": "agentpost.benchmarks.envelopes"}
+
+
+def run_benchmark(suite: str, *, dsn: str | None = None, scale: float = 1.0) -> int:
+    import importlib
+
+    module = importlib.import_module(SUITES[suite])
+    run: Callable[..., int] = module.run
+    return run(dsn=dsn, scale=scale)

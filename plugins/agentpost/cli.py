@@ -1,0 +1,241 @@
+"""The `agentpost` command line.
+
+Every command finds its store the same way: ``--dsn``, else AGENTPOST_DSN, else Postgres
+discovery (a server on 127.0.0.1:5432, else the private cluster under ``.pg/``) with the
+database ``agentpost``, created and migrated on first use. Errors print one line to stderr and
+exit non-zero: 1 for a failed check (verify) or a rejected envelope, 2 for bad usage or input,
+3 when the store cannot be reached or is misconfigured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agentpost.protocol.errors import (
+    AgentpostError,
+    ConfigurationError,
+    InvalidInput,
+    NotFound,
+    StoreError,
+)
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_STORE = 3
+DEFAULT_DATABASE = "agentpost"
+
+
+def _store(args: argparse.Namespace) -> Any:
+    """The store the command works on (created and migrated when found by discovery)."""
+    from agentpost.store import EnvelopeStore
+    from agentpost.store.bootstrap import ensure_database
+
+    dsn = args.dsn or os.environ.get("AGENTPOST_DSN") or ensure_database(DEFAULT_DATABASE)
+    return EnvelopeStore(dsn)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str, ensure_ascii=False))
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    with _store(args) as store:
+        applied = store.migrate()
+    print("applied: " + ", ".join(applied) if applied else "already up to date")
+    return 0
+
+
+def cmd_workspace(args: argparse.Namespace) -> int:
+    with _store(args) as store:
+        if args.action == "create":
+            ws = store.create_workspace(args.role, parent=args.parent,
+                                        originator=args.originator, delegation=args.delegation,
+                                        workspace_id=args.id)
+            _print_json(ws.model_dump(mode="json"))
+        elif args.action == "transition":
+            _print_json(store.transition(args.workspace, args.state))
+        else:
+            for ws in store.workspaces():
+                print(f"{ws.id}\t{ws.role}\t{ws.state}\tparent={ws.parent or '-'}"
+                      f"\toriginator={ws.originator}")
+    return 0
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    content = sys.stdin.read() if args.content == "-" else args.content
+    with _store(args) as store:
+        if args.human:
+            result = store.inject(args.human, args.to, args.type, content, format=args.format,
+                                  in_reply_to=args.in_reply_to, priority=args.priority)
+        else:
+            result = store.send(args.sender, args.to, args.type, content, format=args.format,
+                                in_reply_to=args.in_reply_to, priority=args.priority)
+    _print_json(result.model_dump(mode="json"))
+    return EXIT_FAILED if result.status == "rejected" else 0
+
+
+def cmd_inbox(args: argparse.Namespace) -> int:
+    with _store(args) as store:
+        envelopes = store.inbox(args.workspace, limit=args.limit)
+        if args.consume:
+            for env in envelopes:
+                store.consume(args.workspace, env.id)
+    if args.json:
+        _print_json([e.model_dump(mode="json", by_alias=True) for e in envelopes])
+        return 0
+    for e in envelopes:
+        print(f"{e.id}  {e.priority:<8} {e.type:<10} from {e.from_}: {_short(e.content)}")
+    if not envelopes:
+        print("(inbox empty)")
+    return 0
+
+
+def cmd_trail(args: argparse.Namespace) -> int:
+    with _store(args) as store:
+        events = store.trail(workspace_id=args.workspace, envelope_id=args.envelope,
+                             event=args.event, limit=args.limit)
+    if args.json:
+        _print_json([e.model_dump(mode="json") for e in events])
+        return 0
+    for e in events:
+        print(format_trail_event(e))
+    return 0
+
+
+def format_trail_event(e: Any) -> str:
+    body = {k: v for k, v in e.body.items() if v is not None and k != "envelope_id"}
+    ref = f" {e.envelope_id[:8]}" if e.envelope_id else ""
+    where = f"{e.chain}:{e.seq}"
+    return f"#{e.id:<5} {where:<16} {e.event:<24}{ref} {json.dumps(body, default=str)}"
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    with _store(args) as store:
+        result = store.verify_trail()
+    if result.ok:
+        print(f"trail verified: {result.entries} entries in {result.chains} chains")
+        return 0
+    where = f"entry #{result.failure_id}" if result.failure_id is not None else "the chain end"
+    print(f"trail verification FAILED at {where} (chain {result.failure_chain}, "
+          f"seq {result.failure_seq}): {result.failure}; {result.failures} failure(s) in all",
+          file=sys.stderr)
+    return EXIT_FAILED
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    with _store(args) as store:
+        _print_json(store.recover() if args.command == "recover" else store.redeliver())
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from agentpost.demo import run_demo
+
+    return run_demo(dsn=args.dsn)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from agentpost.benchmarks import run_benchmark
+
+    return run_benchmark(args.suite, dsn=args.dsn, scale=args.scale)
+
+
+def _short(text: str | None, width: int = 60) -> str:
+    text = (text or "").replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentpost",
+                                     description="Agent coordination over a Postgres store.")
+    parser.add_argument("--dsn", help="Postgres DSN of the store (default: AGENTPOST_DSN, "
+                                      "else discovery)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("migrate", help="apply pending migrations").set_defaults(func=cmd_migrate)
+    sub.add_parser("demo", help="run the terminal demo").set_defaults(func=cmd_demo)
+
+    ws = sub.add_parser("workspace", help="create, move or list workspaces")
+    ws_sub = ws.add_subparsers(dest="action", required=True)
+    create = ws_sub.add_parser("create")
+    create.add_argument("role")
+    create.add_argument("--parent")
+    create.add_argument("--id")
+    create.add_argument("--originator", default="system")
+    create.add_argument("--delegation", action="store_true")
+    move = ws_sub.add_parser("transition")
+    move.add_argument("workspace")
+    move.add_argument("state")
+    ws_sub.add_parser("list")
+    ws.set_defaults(func=cmd_workspace)
+
+    send = sub.add_parser("send", help="send one envelope")
+    who = send.add_mutually_exclusive_group(required=True)
+    who.add_argument("--from", dest="sender", help="sending workspace")
+    who.add_argument("--human", metavar="USER_ID", help="inject through the human highway")
+    send.add_argument("--to", required=True)
+    send.add_argument("--type", required=True)
+    send.add_argument("--format", default="markdown")
+    send.add_argument("--priority", default="normal", choices=["normal", "urgent", "blocking"])
+    send.add_argument("--in-reply-to")
+    send.add_argument("content", help="the message body, or - to read it from stdin")
+    send.set_defaults(func=cmd_send)
+
+    inbox = sub.add_parser("inbox", help="list a workspace's inbox in processing order")
+    inbox.add_argument("workspace")
+    inbox.add_argument("--limit", type=int)
+    inbox.add_argument("--consume", action="store_true", help="consume what is listed")
+    inbox.add_argument("--json", action="store_true")
+    inbox.set_defaults(func=cmd_inbox)
+
+    trail = sub.add_parser("trail", help="print trail entries")
+    trail.add_argument("--workspace")
+    trail.add_argument("--envelope")
+    trail.add_argument("--event")
+    trail.add_argument("--limit", type=int, default=200)
+    trail.add_argument("--json", action="store_true")
+    trail.set_defaults(func=cmd_trail)
+
+    sub.add_parser("verify", help="check the trail's hashes and signatures").set_defaults(
+        func=cmd_verify)
+    sub.add_parser("recover", help="complete deliveries cut off by a crash").set_defaults(
+        func=cmd_recover)
+    sub.add_parser("redeliver", help="retry deliveries whose backoff is due").set_defaults(
+        func=cmd_recover)
+
+    bench = sub.add_parser("bench", help="run a benchmark and print its numbers")
+    bench.add_argument("suite", choices=["envelopes"])
+    bench.add_argument("--scale", type=float, default=1.0,
+                       help="multiply the number of operations measured")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+_EXIT_CODES: Sequence[tuple[type[Exception], int]] = (
+    (InvalidInput, EXIT_USAGE),
+    (NotFound, EXIT_USAGE),
+    (ConfigurationError, EXIT_STORE),
+    (StoreError, EXIT_STORE),
+    (AgentpostError, EXIT_USAGE),
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except AgentpostError as exc:
+        print(f"agentpost: {exc}", file=sys.stderr)
+        return next(code for kind, code in _EXIT_CODES if isinstance(exc, kind))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

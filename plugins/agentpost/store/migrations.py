@@ -1,0 +1,205 @@
+"""Apply the numbered SQL migrations of the ``agentpost.sql`` package.
+
+A migration is a file named ``<number>_<name>.sql`` (for example ``0001_envelopes.sql``).
+Files are applied in numeric order, each in its own transaction, and recorded in
+``agentpost.schema_migrations`` (version, name, checksum, applied_at). Rules for the files:
+
+- no transaction control (BEGIN/COMMIT) and nothing that cannot run inside a transaction
+  (``CREATE INDEX CONCURRENTLY``, ``VACUUM``, ...);
+- the schema ``agentpost`` already exists when they run; qualify names with it
+  (``agentpost.envelopes``) since the search_path is left alone;
+- a file is never edited once applied anywhere: its checksum is recorded, and a mismatch stops
+  ``migrate()`` with a MigrationError. Change the schema with a new, higher-numbered file.
+
+Every transaction takes the same transaction-scoped advisory lock first, so concurrent
+``migrate()`` calls against one database apply each file exactly once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from importlib.resources.abc import Traversable
+from pathlib import Path
+
+import psycopg2
+
+from agentpost.store.server import libpq_dsn
+
+__all__ = [
+    "AppliedMigration",
+    "Migration",
+    "MigrationError",
+    "applied",
+    "load",
+    "migrate",
+    "pending",
+]
+
+SQL_PACKAGE = "agentpost.sql"
+_FILE_NAME = re.compile(r"^(?P<version>\d+)_[^/]+\.sql$")
+# Key of the advisory lock every migration transaction takes (a fixed, arbitrary bigint).
+LOCK_KEY = int.from_bytes(
+    hashlib.sha256(b"agentpost.schema_migrations").digest()[:8], "big", signed=True
+)
+
+_BOOTSTRAP = """
+CREATE SCHEMA IF NOT EXISTS agentpost;
+CREATE TABLE IF NOT EXISTS agentpost.schema_migrations (
+    version     integer     PRIMARY KEY,
+    name        text        NOT NULL,
+    checksum    text        NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+"""
+
+Source = str | Path | Traversable | None
+
+
+class MigrationError(RuntimeError):
+    """The migrations cannot be applied as they are (bad files, edited files, SQL errors)."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str  # the file name, e.g. "0001_envelopes.sql"
+    sql: str
+    checksum: str  # sha256 of the file's bytes, hex
+
+
+@dataclass(frozen=True)
+class AppliedMigration:
+    version: int
+    name: str
+    checksum: str
+    applied_at: datetime
+
+
+def load(source: Source = None) -> list[Migration]:
+    """The migrations in ``source`` (a directory; default: the ``agentpost.sql`` package),
+    sorted by number. Files not named ``<number>_<name>.sql`` are ignored."""
+    root: Traversable
+    if source is None:
+        root = importlib.resources.files(SQL_PACKAGE)
+    elif isinstance(source, str | Path):
+        root = Path(source)
+    else:
+        root = source
+    if not root.is_dir():
+        raise MigrationError(f"migration source {root} is not a directory")
+    found: dict[int, Migration] = {}
+    for entry in root.iterdir():
+        match = _FILE_NAME.match(entry.name)
+        if not match or not entry.is_file():
+            continue
+        data = entry.read_bytes()
+        version = int(match["version"])
+        if version in found:
+            raise MigrationError(
+                f"two migrations numbered {version}: {found[version].name} and {entry.name}"
+            )
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MigrationError(f"{entry.name} is not UTF-8: {exc}") from None
+        found[version] = Migration(version, entry.name, text, hashlib.sha256(data).hexdigest())
+    return [found[v] for v in sorted(found)]
+
+
+def migrate(dsn: str, *, source: Source = None) -> list[str]:
+    """Apply the migrations not yet applied to the database at ``dsn``.
+
+    Returns the names of the files this call applied, in order (empty when up to date).
+    Raises MigrationError when an applied file has changed, or when a migration fails (its
+    transaction is rolled back; the ones before it stay applied).
+    """
+    migrations = load(source)
+    newly_applied: list[str] = []
+    conn = psycopg2.connect(libpq_dsn(dsn))
+    try:
+        with conn, conn.cursor() as cur:
+            _lock(cur)
+            cur.execute(_BOOTSTRAP)
+            _check(migrations, _recorded(cur))
+        for migration in migrations:
+            with conn, conn.cursor() as cur:
+                _lock(cur)
+                recorded = _recorded(cur)
+                if migration.version in recorded:  # applied by us earlier or by someone else
+                    _check([migration], recorded)
+                    continue
+                try:
+                    cur.execute(migration.sql)
+                except psycopg2.Error as exc:
+                    raise MigrationError(
+                        f"migration {migration.name} failed: {str(exc).strip()}"
+                    ) from exc
+                cur.execute(
+                    "INSERT INTO agentpost.schema_migrations (version, name, checksum)"
+                    " VALUES (%s, %s, %s)",
+                    (migration.version, migration.name, migration.checksum),
+                )
+            newly_applied.append(migration.name)
+    finally:
+        conn.close()
+    return newly_applied
+
+
+def applied(dsn: str) -> list[AppliedMigration]:
+    """The migrations recorded in the database at ``dsn``, by version (empty if none)."""
+    conn = psycopg2.connect(libpq_dsn(dsn))
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute("SELECT to_regclass('agentpost.schema_migrations') IS NOT NULL")
+            if not cur.fetchone()[0]:
+                return []
+            cur.execute(
+                "SELECT version, name, checksum, applied_at"
+                " FROM agentpost.schema_migrations ORDER BY version"
+            )
+            return [AppliedMigration(*row) for row in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+def pending(dsn: str, *, source: Source = None) -> list[str]:
+    """Names of the migrations in ``source`` that the database at ``dsn`` has not recorded."""
+    done = {m.version for m in applied(dsn)}
+    return [m.name for m in load(source) if m.version not in done]
+
+
+def _lock(cur) -> None:
+    cur.execute("SELECT pg_advisory_xact_lock(%s)", (LOCK_KEY,))
+
+
+def _recorded(cur) -> dict[int, tuple[str, str]]:
+    cur.execute("SELECT version, name, checksum FROM agentpost.schema_migrations")
+    return {version: (name, checksum) for version, name, checksum in cur.fetchall()}
+
+
+def _check(migrations: Iterable[Migration], recorded: dict[int, tuple[str, str]]) -> None:
+    problems = []
+    for migration in migrations:
+        if migration.version not in recorded:
+            continue
+        name, checksum = recorded[migration.version]
+        if name != migration.name:
+            problems.append(
+                f"migration {migration.version} was applied as {name} but the file is now "
+                f"{migration.name}"
+            )
+        elif checksum != migration.checksum:
+            problems.append(
+                f"{migration.name} changed after it was applied (recorded checksum "
+                f"{checksum[:12]}…, file {migration.checksum[:12]}…)"
+            )
+    if problems:
+        raise MigrationError(
+            "applied migrations no longer match their files; add a new migration instead of "
+            "editing an applied one:\n  " + "\n  ".join(problems)
+        )

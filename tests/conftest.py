@@ -1,0 +1,124 @@
+"""Shared fixtures: a Postgres server and throwaway, migrated databases.
+
+- ``pg_server`` (session): the PostgresServer from ``discover()``; a private cluster started
+  for this session is stopped at its end.
+- ``template_db`` (session): the name of a database migrated with ``migrate()``, used as the
+  template of the per-test databases.
+- ``dsn`` (function) / ``module_dsn`` (module): the DSN of a fresh database copied from the
+  template, dropped afterwards.
+- ``empty_dsn`` (function): the DSN of a fresh database with no migrations applied.
+
+Database names carry the process id and a random suffix, so concurrent runs against one
+server don't collide.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Iterator
+
+import psycopg2
+import pytest
+from psycopg2 import sql
+
+from agentpost.store.migrations import migrate
+from agentpost.store.server import PostgresServer, discover, dsn_for_database, libpq_dsn
+
+
+def unique_db_name(kind: str) -> str:
+    return f"agentpost_{kind}_{os.getpid()}_{secrets.token_hex(4)}"
+
+
+def _admin(admin_dsn: str):
+    conn = psycopg2.connect(libpq_dsn(admin_dsn))
+    conn.autocommit = True
+    return conn
+
+
+def create_database(admin_dsn: str, name: str, template: str | None = None) -> str:
+    """Create database ``name`` (from ``template`` if given) and return its DSN."""
+    statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template is not None:
+        statement += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+    conn = _admin(admin_dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(statement)
+    finally:
+        conn.close()
+    return dsn_for_database(admin_dsn, name)
+
+
+def drop_database(admin_dsn: str, name: str) -> None:
+    """Drop database ``name`` after terminating the connections still open to it."""
+    conn = _admin(admin_dsn)
+    try:
+        with conn.cursor() as cur:
+            for attempt in range(20):
+                cur.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (name,),
+                )
+                try:
+                    cur.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+                    return
+                except psycopg2.errors.ObjectInUse:
+                    # a terminated backend can linger for a moment, or a new one sneaked in
+                    if attempt == 19:
+                        raise
+                    time.sleep(0.1)
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    server = discover()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server: PostgresServer) -> Iterator[str]:
+    name = unique_db_name("tmpl")
+    dsn = create_database(pg_server.dsn, name)
+    try:
+        migrate(dsn)
+        yield name
+    finally:
+        drop_database(pg_server.dsn, name)
+
+
+def _database_from_template(server: PostgresServer, template: str) -> Iterator[str]:
+    name = unique_db_name("test")
+    dsn = create_database(server.dsn, name, template=template)
+    try:
+        yield dsn
+    finally:
+        drop_database(server.dsn, name)
+
+
+@pytest.fixture
+def dsn(pg_server: PostgresServer, template_db: str) -> Iterator[str]:
+    yield from _database_from_template(pg_server, template_db)
+
+
+@pytest.fixture(scope="module")
+def module_dsn(pg_server: PostgresServer, template_db: str) -> Iterator[str]:
+    yield from _database_from_template(pg_server, template_db)
+
+
+@pytest.fixture
+def empty_dsn(pg_server: PostgresServer) -> Iterator[str]:
+    """A fresh database without any migrations applied."""
+    name = unique_db_name("empty")
+    dsn = create_database(pg_server.dsn, name)
+    try:
+        yield dsn
+    finally:
+        drop_database(pg_server.dsn, name)
