@@ -82,18 +82,13 @@ DECLARE
 BEGIN
     v_senders := ARRAY(SELECT DISTINCT d.sender
                          FROM jsonb_to_recordset(p_drafts) AS d(sender text) ORDER BY 1);
-    IF p_origin = 'human' THEN
-        PERFORM agentpost._ensure_chains(v_senders);
-        SELECT count(*), max(x.last_at) INTO v_locked, v_last
-          FROM (SELECT h.last_at FROM agentpost.trail_heads h
-                 WHERE h.chain = ANY (v_senders) ORDER BY h.chain FOR UPDATE) x;
-    ELSE
-        -- lock the senders' chains (sorted); all must exist, none may be terminal
-        SELECT count(*), max(x.last_at), min(x.chain) FILTER (WHERE x.state IN ('closed', 'failed'))
-          INTO v_locked, v_last, v_terminal
-          FROM (SELECT h.chain, h.last_at, w.state
-                  FROM agentpost.trail_heads h JOIN agentpost.workspaces w ON w.id = h.chain
-                 WHERE h.chain = ANY (v_senders) ORDER BY h.chain FOR UPDATE OF h) x;
+    PERFORM agentpost._lock_chains(v_senders);
+    IF p_origin = 'agent' THEN
+        -- all senders must exist (there is nobody to record a rejection against otherwise)
+        -- and none may be terminal
+        SELECT count(w.id), min(w.id) FILTER (WHERE w.state IN ('closed', 'failed'))
+          INTO v_locked, v_terminal
+          FROM unnest(v_senders) u JOIN agentpost.workspaces w ON w.id = u;
         IF v_locked < cardinality(v_senders) THEN
             SELECT u INTO v_bad FROM unnest(v_senders) u
              WHERE NOT EXISTS (SELECT 1 FROM agentpost.workspaces w WHERE w.id = u) LIMIT 1;
@@ -104,7 +99,9 @@ BEGIN
                 format('workspace %L is in a terminal state and cannot send', v_terminal));
         END IF;
     END IF;
-    v_last := greatest(clock_timestamp(), v_last);
+    -- timestamps are monotonic within each sender
+    v_last := agentpost._chains_last_at(v_senders);
+    v_last := greatest(clock_timestamp(), coalesce(v_last, '-infinity'));
 
     -- validate and insert in one statement; creation order follows draft order per sender
     WITH v AS (
@@ -293,6 +290,7 @@ BEGIN
     -- lock the receiver's chain, then in one look: its state, the blocking gate, the first
     -- envelope still backing off (delivery stops before it) and the first blocking one
     -- (delivery stops after it)
+    PERFORM agentpost._lock_chain(p_ws);
     SELECT w.state,
            EXISTS (SELECT 1 FROM agentpost.envelopes e
                     WHERE e.recipient = p_ws AND e.status = 'acknowledged'
@@ -303,9 +301,8 @@ BEGIN
            (SELECT min(e.seq) FROM agentpost.envelopes e
              WHERE e.recipient = p_ws AND e.status = 'validated' AND e.rank = 0)
       INTO v_state, v_gated, v_stop, v_upto
-      FROM agentpost.trail_heads h JOIN agentpost.workspaces w ON w.id = h.chain
-     WHERE h.chain = p_ws
-       FOR UPDATE OF h;
+      FROM agentpost.workspaces w
+     WHERE w.id = p_ws;
     IF v_state IS NULL OR v_state NOT IN ('idle', 'active', 'blocked') OR v_gated THEN
         RETURN 0;
     END IF;

@@ -127,7 +127,6 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM agentpost._fail('AP409', format('workspace %L already exists', v_id));
     END IF;
-    INSERT INTO agentpost.trail_heads (chain) VALUES (v_id);
 
     t_chain := t_chain || v_id;
     t_event := t_event || 'workspace_created'::text;

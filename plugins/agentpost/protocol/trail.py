@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 GENESIS = bytes(32)
@@ -97,15 +96,10 @@ class ChainCheck:
         self._failed_chains.add(chain)
         self.failures.append((entry_id, chain, seq, problem))
 
-    def finish(self, heads: Iterable[tuple[str, int, bytes]]) -> None:
-        """Compare each chain's last entry with its recorded head (catches a cut tail)."""
-        for chain, seq, digest in heads:
-            if chain in self._failed_chains:
-                continue
-            last_seq, last_hash = self._last.get(chain, (0, GENESIS))
-            if (last_seq, last_hash) != (seq, digest):
-                self._fail(-1, chain, last_seq + 1,
-                           f"chain ends at entry {last_seq} but its head records {seq}")
+    def gap(self, chain: str, problem: str) -> None:
+        """Record a failure found outside the chains themselves: a record whose trail entries
+        are missing (the only trace a removed tail of a chain leaves)."""
+        self._fail(-1, chain, -1, problem)
 
     @property
     def chains(self) -> int:

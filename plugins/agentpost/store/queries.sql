@@ -67,8 +67,22 @@ SELECT id, chain, chain_seq, event, envelope_id, record, prev_hash, hash, mac
   FROM agentpost.trail
  ORDER BY chain, chain_seq, id
 
--- name: heads
-SELECT chain, seq, hash FROM agentpost.trail_heads WHERE seq > 0
+-- name: lifecycle_gaps
+-- Rows whose state says a trail entry must exist when it does not: what cutting the end off
+-- a chain would leave behind.
+SELECT e.sender, e.id, e.status, x.event
+  FROM agentpost.envelopes e
+ CROSS JOIN LATERAL (VALUES
+        ('envelope_created', e.status IN ('validated', 'acknowledged', 'undeliverable')),
+        ('envelope_delivered', e.status = 'acknowledged'),
+        ('envelope_rejected', e.status = 'rejected'),
+        ('envelope_undeliverable', e.status = 'undeliverable'),
+        ('envelope_consumed', e.consumed_at IS NOT NULL)) AS x(event, required)
+ WHERE x.required
+   AND NOT EXISTS (SELECT 1 FROM agentpost.trail t
+                    WHERE t.envelope_id = e.id AND t.event = x.event)
+ ORDER BY e.seq
+ LIMIT 100
 
 -- name: send
 CALL agentpost.send(%(drafts)s, %(origin)s, %(user)s, %(timeout_ms)s, NULL)
