@@ -7,6 +7,8 @@
 - ``dsn`` (function) / ``module_dsn`` (module): the DSN of a fresh database copied from the
   template, dropped afterwards.
 - ``empty_dsn`` (function): the DSN of a fresh database with no migrations applied.
+- ``store`` (function): an EnvelopeStore on ``dsn`` with a short acknowledgment timeout
+  (0.2 s), closed afterwards.
 
 Database names carry the process id and a random suffix, so concurrent runs against one
 server don't collide.
@@ -23,8 +25,12 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
+from agentpost.store import EnvelopeStore
 from agentpost.store.migrations import migrate
 from agentpost.store.server import PostgresServer, discover, dsn_for_database, libpq_dsn
+
+# Tests sign the trail with their own key (and so never warn about the development key).
+os.environ.setdefault("AGENTPOST_TRAIL_KEY", "agentpost-test-trail-key")
 
 
 def unique_db_name(kind: str) -> str:
@@ -122,3 +128,9 @@ def empty_dsn(pg_server: PostgresServer) -> Iterator[str]:
         yield dsn
     finally:
         drop_database(pg_server.dsn, name)
+
+
+@pytest.fixture
+def store(dsn: str) -> Iterator[EnvelopeStore]:
+    with EnvelopeStore(dsn, ack_timeout=0.2) as s:
+        yield s
