@@ -256,7 +256,7 @@ BEGIN
                           'via_envelope', u.id)
                       ELSE jsonb_build_object('signal', 'rejected', 'ref', u.id,
                                               'to', u.sender, 'reason', u.reason)
-                  END ORDER BY u.k, j))
+                  END ORDER BY u.k, j), true)
       FROM unnest(a_id, a_sender, a_recipient, a_type, a_prio, a_reply, a_orig, a_ts,
                   a_reason, a_consumed)
            WITH ORDINALITY AS u(id, sender, recipient, type, prio, reply, orig, ts, reason,
@@ -339,7 +339,7 @@ BEGIN
     IF v_n = 0 THEN
         RETURN 0;
     END IF;
-    PERFORM agentpost._trail_write(t_chain, t_event, t_env, t_body);
+    PERFORM agentpost._trail_write(t_chain, t_event, t_env, t_body, true);
     IF v_with_rights IS NULL THEN
         RETURN v_n;
     END IF;
