@@ -73,11 +73,13 @@ class Database:
             raise translate(exc) from None
         conn.autocommit = True
         with conn.cursor() as cur:
-            # The server-side steps run the same statements over and over with different
-            # parameters: generic plans, planned once per session, beat re-planning each call.
+            # The server-side steps run the same short statements over and over with
+            # different parameters: generic plans, planned once per session, beat re-planning
+            # each call, and compiling them (JIT) never pays off.
             cur.execute("SELECT set_config('agentpost.mac_ipad', %s, false),"
                         " set_config('agentpost.mac_opad', %s, false),"
-                        " set_config('plan_cache_mode', 'force_generic_plan', false)",
+                        " set_config('plan_cache_mode', 'force_generic_plan', false),"
+                        " set_config('jit', 'off', false)",
                         self._pads)
         return conn
 
