@@ -272,6 +272,8 @@ END $$;
 -- Phase 2: deliver a workspace's validated envelopes in creation order, each delivery and its
 -- acknowledged signal in one step. Stops at the first envelope still backing off, and after
 -- a blocking envelope (the gate stays shut until it is consumed).
+-- Returns the number delivered, or -1 when the receiver is sealed and envelopes still wait for
+-- it (a send validated just before the receiver was sealed): see _sweep_sealed.
 CREATE FUNCTION agentpost._drain(p_ws text) RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -303,6 +305,13 @@ BEGIN
       INTO v_state, v_gated, v_stop, v_upto
       FROM agentpost.workspaces w
      WHERE w.id = p_ws;
+    IF v_state IN ('integrating', 'closed', 'failed') THEN
+        -- sealed: what still waits for it must be recorded undeliverable, which needs the
+        -- senders' chains; the caller does that after committing (see _deliver_all)
+        RETURN CASE WHEN EXISTS (SELECT 1 FROM agentpost.envelopes e
+                                  WHERE e.recipient = p_ws AND e.status = 'validated')
+                    THEN -1 ELSE 0 END;
+    END IF;
     IF v_state IS NULL OR v_state NOT IN ('idle', 'active', 'blocked') OR v_gated THEN
         RETURN 0;
     END IF;
@@ -456,6 +465,23 @@ BEGIN
     RETURN 0;
 END $$;
 
+-- Everything still waiting for a sealed workspace becomes undeliverable (reason
+-- target_<state>). Run without other chain locks held: it locks the senders' chains.
+CREATE FUNCTION agentpost._sweep_sealed(p_ws text) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_pending text[];
+BEGIN
+    SELECT array_agg(e.id) INTO v_pending
+      FROM agentpost.envelopes e JOIN agentpost.workspaces w ON w.id = e.recipient
+     WHERE e.recipient = p_ws AND e.status = 'validated'
+       AND w.state IN ('integrating', 'closed', 'failed');
+    IF v_pending IS NULL THEN
+        RETURN 0;
+    END IF;
+    RETURN agentpost._undeliver(v_pending, NULL);
+END $$;
+
 -- Deliver to each recipient in sorted order, one transaction each (asynchronous commit: the
 -- trail entries of phase 1 are already durable, and recover() redoes a lost delivery).
 -- Recipients whose delivery fails get a counted attempt.
@@ -463,18 +489,27 @@ CREATE PROCEDURE agentpost._deliver_all(p_recipients text[], p_timeout_ms int)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_r text;
+    v_n int;
     v_failed text[] := '{}';
+    v_sealed text[] := '{}';
 BEGIN
     FOR v_r IN SELECT DISTINCT u FROM unnest(p_recipients) u WHERE u IS NOT NULL ORDER BY 1
     LOOP
         PERFORM set_config('synchronous_commit', 'off', true),
                 set_config('lock_timeout', coalesce(p_timeout_ms, 0)::text, true);
         BEGIN
-            PERFORM agentpost._drain(v_r);
+            v_n := agentpost._drain(v_r);
+            IF v_n < 0 THEN
+                v_sealed := v_sealed || v_r;
+            END IF;
         EXCEPTION WHEN lock_not_available OR query_canceled OR deadlock_detected
                        OR serialization_failure THEN
             v_failed := v_failed || v_r;
         END;
+        COMMIT;
+    END LOOP;
+    FOREACH v_r IN ARRAY v_sealed LOOP
+        PERFORM agentpost._sweep_sealed(v_r);
         COMMIT;
     END LOOP;
     FOREACH v_r IN ARRAY v_failed LOOP
@@ -544,8 +579,10 @@ DECLARE
 BEGIN
     SELECT array_agg(DISTINCT e.recipient) INTO v_recipients
       FROM agentpost.envelopes e JOIN agentpost.workspaces w ON w.id = e.recipient
-     WHERE e.status = 'validated' AND w.state IN ('idle', 'active', 'blocked')
-       AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now());
+     WHERE e.status = 'validated'
+       AND (w.state IN ('integrating', 'closed', 'failed')
+            OR (w.state IN ('idle', 'active', 'blocked')
+                AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())));
     SELECT count(*) INTO v_before FROM agentpost.envelopes e WHERE e.status = 'validated';
     COMMIT;
     CALL agentpost._deliver_all(v_recipients, p_timeout_ms);
@@ -579,7 +616,7 @@ BEGIN
     SELECT array_agg(DISTINCT e.recipient ORDER BY e.recipient) INTO v_recipients
       FROM agentpost.envelopes e WHERE e.status = 'validated';
     FOREACH v_r IN ARRAY coalesce(v_recipients, '{}') LOOP
-        v_delivered := v_delivered + agentpost._drain(v_r);
+        v_delivered := v_delivered + greatest(agentpost._drain(v_r), 0);
         COMMIT;
     END LOOP;
     p_result := jsonb_build_object('delivered', v_delivered, 'undeliverable', v_undelivered,

@@ -9,6 +9,11 @@ DECLARE
     v_lineage text[];
     v_existing record;
 BEGIN
+    IF p_name !~ '^[A-Za-z][A-Za-z0-9._-]*$' THEN
+        PERFORM agentpost._fail('AP400', format(
+            'role name %L must start with a letter and use only letters, digits, ".", "_", "-"',
+            p_name));
+    END IF;
     PERFORM agentpost._lock_chain('system');
     SELECT * INTO v_existing FROM agentpost.roles WHERE name = p_name;
     IF FOUND THEN
@@ -119,6 +124,11 @@ BEGIN
         END IF;
         v_orig := v_inherited;
     END IF;
+    IF p_id IS NOT NULL AND p_id !~ '^[A-Za-z0-9][A-Za-z0-9._-]*$' THEN
+        -- (':' in particular is reserved: human:<user> is the human highway's sender)
+        PERFORM agentpost._fail('AP400', format(
+            'workspace id %L may use only letters, digits, ".", "_" and "-"', p_id));
+    END IF;
     v_id := coalesce(p_id, left(p_role, 24) || '-'
                            || left(replace(gen_random_uuid()::text, '-', ''), 12));
     INSERT INTO agentpost.workspaces (id, role, lineage, parent, originator, delegation)
@@ -170,7 +180,6 @@ DECLARE
     v_from text;
     v_delivered int := 0;
     v_undelivered int := 0;
-    v_pending text[];
 BEGIN
     PERFORM agentpost._lock_chain(p_ws);
     SELECT state INTO v_from FROM agentpost.workspaces WHERE id = p_ws FOR UPDATE;
@@ -191,11 +200,9 @@ BEGIN
     END IF;
     COMMIT;
     IF p_state IN ('integrating', 'closed', 'failed') THEN
-        SELECT array_agg(e.id) INTO v_pending FROM agentpost.envelopes e
-         WHERE e.recipient = p_ws AND e.status = 'validated';
-        IF v_pending IS NOT NULL THEN
-            v_undelivered := agentpost._undeliver(v_pending, 'target_' || p_state);
-        END IF;
+        -- (a send validated just before this commit and committed after this sweep is swept
+        -- by its own delivery phase, which finds the workspace sealed)
+        v_undelivered := agentpost._sweep_sealed(p_ws);
         COMMIT;
     END IF;
     p_result := jsonb_build_object('workspace_id', p_ws, 'from_state', v_from,
