@@ -106,15 +106,25 @@ BEGIN
                 'parent workspace %L is %s and cannot have children', p_parent, v_parent.state));
         END IF;
     END IF;
-    -- originator propagates (WACP §3): from the causing envelope, else from the parent
+    -- originator propagates (WACP §3) from the causing envelope and from the parent; where
+    -- both carry a user, it must be the same one
     IF p_caused_by IS NOT NULL THEN
         SELECT originator INTO v_inherited FROM agentpost.envelopes
          WHERE id = p_caused_by AND status IN ('validated', 'acknowledged');
         IF NOT FOUND THEN
             PERFORM agentpost._fail('AP404', format('unknown envelope %L', p_caused_by));
         END IF;
-    ELSIF p_parent IS NOT NULL THEN
-        v_inherited := v_parent.originator;
+    END IF;
+    IF p_parent IS NOT NULL THEN
+        IF v_parent.originator <> 'system' THEN
+            IF v_inherited IS NOT NULL AND v_inherited <> 'system'
+               AND v_inherited <> v_parent.originator THEN
+                PERFORM agentpost._fail('AP409', format(
+                    'originator is immutable: envelope %L carries %L but the parent carries %L',
+                    p_caused_by, v_inherited, v_parent.originator));
+            END IF;
+            v_inherited := v_parent.originator;
+        END IF;
     END IF;
     IF v_inherited IS NOT NULL AND v_inherited <> 'system' THEN
         IF v_orig <> 'system' AND v_orig <> v_inherited THEN

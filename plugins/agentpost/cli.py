@@ -120,7 +120,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if result.ok:
         print(f"trail verified: {result.entries} entries in {result.chains} chains")
         return 0
-    where = f"entry #{result.failure_id}" if result.failure_id is not None else "the chain end"
+    where = (f"entry #{result.failure_id}" if result.failure_id is not None
+             else "a removed entry")
     print(f"trail verification FAILED at {where} (chain {result.failure_chain}, "
           f"seq {result.failure_seq}): {result.failure}; {result.failures} failure(s) in all",
           file=sys.stderr)

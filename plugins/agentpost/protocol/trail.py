@@ -46,6 +46,7 @@ class StoredEntry:
     seq: int
     event: str
     envelope_id: str | None
+    at_us: int
     record: str
     prev_hash: bytes
     hash: bytes
@@ -86,7 +87,7 @@ class ChainCheck:
         except ValueError:
             return "record is not valid JSON"
         expected = {"chain": e.chain, "seq": e.seq, "event": e.event,
-                    "envelope_id": e.envelope_id}
+                    "envelope_id": e.envelope_id, "at_us": e.at_us}
         for name, value in expected.items():
             if rec.get(name) != value:
                 return f"column {name} differs from the signed record"

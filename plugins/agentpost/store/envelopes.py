@@ -341,12 +341,13 @@ class EnvelopeStore:
                 break
             for r in rows:
                 check.feed(StoredEntry(id=r[0], chain=r[1], seq=r[2], event=r[3],
-                                       envelope_id=r[4], record=r[5], prev_hash=bytes(r[6]),
-                                       hash=bytes(r[7]), mac=bytes(r[8])))
+                                       envelope_id=r[4], at_us=r[5], record=r[6],
+                                       prev_hash=bytes(r[7]), hash=bytes(r[8]),
+                                       mac=bytes(r[9])))
         cur.execute("CLOSE verify_cursor")
         cur.execute(QUERIES["lifecycle_gaps"])
-        for sender, envelope_id, status, event in cur.fetchall():
-            check.gap(sender, f"envelope {envelope_id} is {status} but the trail has no "
+        for chain, envelope_id, status, event in cur.fetchall():
+            check.gap(chain, f"envelope {envelope_id} is {status} but the trail has no "
                               f"{event} entry for it (entries were removed)")
 
 

@@ -63,24 +63,27 @@ SELECT id, chain, chain_seq, event, envelope_id, at, record
  LIMIT %(limit)s
 
 -- name: verify_entries
-SELECT id, chain, chain_seq, event, envelope_id, record, prev_hash, hash, mac
+SELECT id, chain, chain_seq, event, envelope_id,
+       (extract(epoch FROM at) * 1000000)::bigint, record, prev_hash, hash, mac
   FROM agentpost.trail
  ORDER BY chain, chain_seq, id
 
 -- name: lifecycle_gaps
--- Rows whose state says a trail entry must exist when it does not: what cutting the end off
--- a chain would leave behind.
-SELECT e.sender, e.id, e.status, x.event
+-- Rows whose state says a trail entry must exist in a given chain when it does not: what
+-- cutting the end off a chain would leave behind.
+SELECT x.chain, e.id, e.status, x.event
   FROM agentpost.envelopes e
  CROSS JOIN LATERAL (VALUES
-        ('envelope_created', e.status IN ('validated', 'acknowledged', 'undeliverable')),
-        ('envelope_delivered', e.status = 'acknowledged'),
-        ('envelope_rejected', e.status = 'rejected'),
-        ('envelope_undeliverable', e.status = 'undeliverable'),
-        ('envelope_consumed', e.consumed_at IS NOT NULL)) AS x(event, required)
+        ('envelope_created', e.sender, e.status IN ('validated', 'acknowledged', 'undeliverable')),
+        ('envelope_delivered', e.recipient, e.status = 'acknowledged'),
+        ('signal_emitted', e.recipient, e.status = 'acknowledged'),
+        ('envelope_rejected', e.sender, e.status = 'rejected'),
+        ('signal_emitted', e.sender, e.status IN ('rejected', 'undeliverable')),
+        ('envelope_undeliverable', e.sender, e.status = 'undeliverable'),
+        ('envelope_consumed', e.recipient, e.consumed_at IS NOT NULL)) AS x(event, chain, required)
  WHERE x.required
    AND NOT EXISTS (SELECT 1 FROM agentpost.trail t
-                    WHERE t.envelope_id = e.id AND t.event = x.event)
+                    WHERE t.envelope_id = e.id AND t.event = x.event AND t.chain = x.chain)
  ORDER BY e.seq
  LIMIT 100
 
