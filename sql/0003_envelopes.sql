@@ -35,6 +35,12 @@ CREATE TABLE agentpost.envelopes (
     next_attempt_at timestamptz
 );
 
+-- Every envelope passes through `validated` and leaves it, so the pending index below is a
+-- queue index: vacuum it often, or its dead entries slow down every delivery.
+ALTER TABLE agentpost.envelopes SET (autovacuum_vacuum_scale_factor = 0.01,
+                                     autovacuum_vacuum_threshold = 1000,
+                                     autovacuum_analyze_scale_factor = 0.05);
+
 -- the inbox in processing order: blocking, urgent, normal; creation order within a level
 CREATE INDEX envelopes_inbox ON agentpost.envelopes (recipient, rank, seq)
     WHERE status = 'acknowledged' AND consumed_at IS NULL;
@@ -279,8 +285,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_state text;
     v_gated boolean;
-    v_stop bigint;
-    v_upto bigint;
+    v_any boolean;
+    v_ids text[];
     v_n int;
     r record;
     tr record;
@@ -289,30 +295,40 @@ DECLARE
     t_chain text[] := '{}'; t_event text[] := '{}'; t_env text[] := '{}';
     t_body jsonb[] := '{}';
 BEGIN
-    -- lock the receiver's chain, then in one look: its state, the blocking gate, the first
-    -- envelope still backing off (delivery stops before it) and the first blocking one
-    -- (delivery stops after it)
     PERFORM agentpost._lock_chain(p_ws);
+    -- The receiver's queue in creation order, in one pass over the pending index (a queue
+    -- index is full of dead entries between vacuums, so it is walked once, not three times):
+    -- deliverable is the prefix before the first envelope still backing off, up to and
+    -- including the first blocking one.
+    SELECT count(*) > 0,
+           array_agg(q.id ORDER BY q.seq) FILTER (WHERE NOT q.waiting AND NOT q.behind_blocking)
+      INTO v_any, v_ids
+      FROM (SELECT e.id, e.seq,
+                   bool_or(coalesce(e.next_attempt_at > now(), false))
+                       OVER (ORDER BY e.seq ROWS UNBOUNDED PRECEDING) AS waiting,
+                   coalesce(bool_or(e.rank = 0)
+                       OVER (ORDER BY e.seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+                       false) AS behind_blocking
+              FROM agentpost.envelopes e
+             WHERE e.recipient = p_ws AND e.status = 'validated') q;
+    IF NOT v_any THEN
+        RETURN 0;
+    END IF;
+    -- its state, and the blocking gate: a delivered blocking envelope not yet consumed
     SELECT w.state,
            EXISTS (SELECT 1 FROM agentpost.envelopes e
                     WHERE e.recipient = p_ws AND e.status = 'acknowledged'
-                      AND e.consumed_at IS NULL AND e.rank = 0),
-           (SELECT min(e.seq) FROM agentpost.envelopes e
-             WHERE e.recipient = p_ws AND e.status = 'validated'
-               AND e.next_attempt_at > now()),
-           (SELECT min(e.seq) FROM agentpost.envelopes e
-             WHERE e.recipient = p_ws AND e.status = 'validated' AND e.rank = 0)
-      INTO v_state, v_gated, v_stop, v_upto
+                      AND e.consumed_at IS NULL AND e.rank = 0)
+      INTO v_state, v_gated
       FROM agentpost.workspaces w
      WHERE w.id = p_ws;
     IF v_state IN ('integrating', 'closed', 'failed') THEN
         -- sealed: what still waits for it must be recorded undeliverable, which needs the
         -- senders' chains; the caller does that after committing (see _deliver_all)
-        RETURN CASE WHEN EXISTS (SELECT 1 FROM agentpost.envelopes e
-                                  WHERE e.recipient = p_ws AND e.status = 'validated')
-                    THEN -1 ELSE 0 END;
+        RETURN -1;
     END IF;
-    IF v_state IS NULL OR v_state NOT IN ('idle', 'active', 'blocked') OR v_gated THEN
+    IF v_ids IS NULL OR v_state IS NULL OR v_state NOT IN ('idle', 'active', 'blocked')
+       OR v_gated THEN
         RETURN 0;
     END IF;
 
@@ -320,9 +336,7 @@ BEGIN
         UPDATE agentpost.envelopes e
            SET status = 'acknowledged', delivered_at = clock_timestamp(),
                attempts = e.attempts + 1, next_attempt_at = NULL
-         WHERE e.recipient = p_ws AND e.status = 'validated'
-           AND (v_stop IS NULL OR e.seq < v_stop)
-           AND (v_upto IS NULL OR e.seq <= v_upto)
+         WHERE e.id = ANY (v_ids) AND e.status = 'validated'
         RETURNING e.id, e.seq, e.sender, e.delivered_at, e.attempts,
                   e.rights <> '[]' AS has_rights
     ), s AS (
