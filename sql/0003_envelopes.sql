@@ -627,6 +627,9 @@ BEGIN
         v_undelivered := agentpost._undeliver(v_sealed, NULL);
         COMMIT;
     END IF;
+    -- a restart forgets backoff timers: everything waiting is tried now, attempts kept
+    UPDATE agentpost.envelopes e SET next_attempt_at = NULL
+     WHERE e.status = 'validated' AND e.next_attempt_at IS NOT NULL;
     SELECT array_agg(DISTINCT e.recipient ORDER BY e.recipient) INTO v_recipients
       FROM agentpost.envelopes e WHERE e.status = 'validated';
     FOREACH v_r IN ARRAY coalesce(v_recipients, '{}') LOOP
