@@ -275,6 +275,73 @@ BEGIN
                    FROM unnest(a_i, a_id, a_reason, a_recipient) AS u(i, id, reason, recipient);
 END $$;
 
+-- Phase 1 for the common case of one draft, in four statements: an agent's well-formed
+-- envelope to a target it holds a send right to, carrying no rights. Returns NULL when the
+-- draft is anything else; the caller then uses _submit, which decides every reason. (The
+-- conditions below are _submit's acceptance conditions; test_fast_path.py holds the two
+-- paths to the same outcomes.)
+CREATE FUNCTION agentpost._submit_one(p_sender text, p_recipient text, p_type text,
+                                      p_format text, p_content text, p_attachments jsonb,
+                                      p_in_reply_to text, p_priority text, p_keys text[])
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_orig text;
+    v_head_seq bigint;
+    v_head_hash bytea;
+    v_last timestamptz;
+    v_id text;
+    v_ts timestamptz;
+    v_at timestamptz;
+    v_rec text;
+BEGIN
+    PERFORM pg_advisory_xact_lock(agentpost._chain_key(p_sender));
+    SELECT s.originator, l.chain_seq, l.hash, l.at
+      INTO v_orig, v_head_seq, v_head_hash, v_last
+      FROM agentpost.workspaces s
+      JOIN agentpost.workspaces t ON t.id = p_recipient
+      JOIN agentpost.envelope_types ty ON ty.name = p_type
+      LEFT JOIN LATERAL (SELECT x.chain_seq, x.hash, x.at FROM agentpost.trail x
+                          WHERE x.chain = p_sender ORDER BY x.chain_seq DESC LIMIT 1) l ON true
+     WHERE s.id = p_sender AND s.state NOT IN ('closed', 'failed')
+       AND t.state NOT IN ('integrating', 'closed', 'failed')
+       AND (cardinality(ty.required_fields) = 0
+            OR coalesce(ty.required_fields <@ p_keys, false))
+       AND ((s.delegation AND t.parent = s.id AND p_type IN ('directive', 'feedback'))
+            OR (t.delegation AND s.parent = t.id AND p_type = 'query')
+            OR EXISTS (SELECT 1 FROM agentpost.permissions p
+                        WHERE p.type = p_type AND p.sender_role = ANY (s.lineage)
+                          AND p.receiver_role = ANY (t.lineage)))
+       AND EXISTS (SELECT 1 FROM agentpost.port_rights pr
+                    WHERE pr.holder = p_sender AND pr.target = p_recipient
+                      AND pr.kind = 'send' AND pr.state = 'live');
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    v_id := gen_random_uuid()::text;
+    v_ts := greatest(clock_timestamp(), v_last + interval '1 microsecond');
+    INSERT INTO agentpost.envelopes (id, seq, sender, recipient, originator, type, format,
+                                     content, attachments, in_reply_to, rights, priority,
+                                     origin, status, created_at)
+    VALUES (v_id, nextval('agentpost.envelope_seq'), p_sender, p_recipient, v_orig, p_type,
+            p_format, p_content, p_attachments, p_in_reply_to, '[]', p_priority, 'agent',
+            'validated', v_ts);
+    v_at := v_ts + interval '1 microsecond';
+    v_rec := agentpost._record(p_sender, coalesce(v_head_seq, 0) + 1, 'envelope_created', v_id,
+        v_at, jsonb_build_object(
+            'envelope_id', v_id, 'from', p_sender, 'to', p_recipient, 'type', p_type,
+            'priority', p_priority, 'in_reply_to', p_in_reply_to, 'originator', v_orig,
+            'origin', 'agent', 'timestamp', v_ts));
+    INSERT INTO agentpost.trail (chain, chain_seq, event, envelope_id, at, record, prev_hash,
+                                 hash, mac)
+    SELECT p_sender, coalesce(v_head_seq, 0) + 1, 'envelope_created', v_id, v_at, v_rec,
+           coalesce(v_head_hash, decode(repeat('00', 32), 'hex')), h,
+           agentpost._mac(h, decode(current_setting('agentpost.mac_ipad'), 'hex'),
+                          decode(current_setting('agentpost.mac_opad'), 'hex'))
+      FROM agentpost._link(v_head_hash, v_rec) AS h;
+    RETURN v_id;
+END $$;
+
 -- Phase 2: deliver a workspace's validated envelopes in creation order, each delivery and its
 -- acknowledged signal in one step. Stops at the first envelope still backing off, and after
 -- a blocking envelope (the gate stays shut until it is consumed).
@@ -559,6 +626,38 @@ BEGIN
     COMMIT;
     CALL agentpost._deliver_all(v_recipients, p_timeout_ms);
     p_result := agentpost._results(v_ids);
+END $$;
+
+-- The send path for one well-formed draft (the Python layer checked its structure): the
+-- four-statement phase 1 when it applies, else the general one; then delivery.
+CREATE PROCEDURE agentpost.send_one(p_sender text, p_recipient text, p_type text,
+                                    p_format text, p_content text, p_attachments jsonb,
+                                    p_in_reply_to text, p_priority text, p_keys text[],
+                                    p_timeout_ms int, INOUT p_result jsonb DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id text;
+    v_status text;
+    v_reason text;
+BEGIN
+    v_id := agentpost._submit_one(p_sender, p_recipient, p_type, p_format, p_content,
+                                  p_attachments, p_in_reply_to, p_priority, p_keys);
+    IF v_id IS NULL THEN
+        SELECT s.envelope_id, s.status INTO v_id, v_status
+          FROM agentpost._submit(jsonb_build_array(jsonb_build_object(
+                   'i', 0, 'sender', p_sender, 'recipient', p_recipient, 'type', p_type,
+                   'format', p_format, 'content', p_content, 'attachments', p_attachments,
+                   'in_reply_to', p_in_reply_to, 'priority', p_priority, 'rights', '[]'::jsonb,
+                   'keys', p_keys)), 'agent', NULL) s;
+    END IF;
+    COMMIT;
+    IF v_status IS DISTINCT FROM 'rejected' THEN
+        CALL agentpost._deliver_all(ARRAY[p_recipient], p_timeout_ms);
+    END IF;
+    SELECT e.status, e.reason INTO v_status, v_reason FROM agentpost.envelopes e
+     WHERE e.id = v_id;
+    p_result := jsonb_build_object('envelope_id', v_id, 'status', v_status,
+                                   'reason', v_reason);
 END $$;
 
 -- Deliver one envelope again (a transport retry). A duplicate of a delivered envelope is

@@ -90,6 +90,11 @@ SELECT x.chain, e.id, e.status, x.event
 -- name: send
 CALL agentpost.send(%(drafts)s, %(origin)s, %(user)s, %(timeout_ms)s, NULL)
 
+-- name: send_one
+CALL agentpost.send_one(%(sender)s, %(recipient)s, %(type)s, %(format)s, %(content)s,
+                        %(attachments)s, %(in_reply_to)s, %(priority)s, %(keys)s,
+                        %(timeout_ms)s, NULL)
+
 -- name: transition
 CALL agentpost.transition(%(ws)s, %(state)s, NULL)
 
