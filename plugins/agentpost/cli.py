@@ -69,7 +69,7 @@ def cmd_workspace(args: argparse.Namespace) -> int:
 def cmd_send(args: argparse.Namespace) -> int:
     content = sys.stdin.read() if args.content == "-" else args.content
     with _store(args) as store:
-        if args.human:
+        if args.human is not None:
             result = store.inject(args.human, args.to, args.type, content, format=args.format,
                                   in_reply_to=args.in_reply_to, priority=args.priority)
         else:
@@ -232,7 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except AgentpostError as exc:
-        print(f"agentpost: {exc}", file=sys.stderr)
+        message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"agentpost: {message}", file=sys.stderr)
         return next(code for kind, code in _EXIT_CODES if isinstance(exc, kind))
     except KeyboardInterrupt:
         return 130

@@ -81,7 +81,10 @@ class DraftRow:
 
 def _content(content: object, fmt: str, max_bytes: int) -> tuple[str, list[str] | None]:
     if fmt == "json" and isinstance(content, Mapping | list):
-        content = json.dumps(content)
+        try:
+            content = json.dumps(content, ensure_ascii=False)
+        except (TypeError, ValueError, RecursionError):
+            raise _Malformed("content cannot be written as JSON") from None
     text = clean_text(content, limit=max_bytes, what="content")
     if len(text.encode("utf-8")) > max_bytes:
         raise _Malformed(f"content is larger than {max_bytes} bytes")
@@ -89,10 +92,11 @@ def _content(content: object, fmt: str, max_bytes: int) -> tuple[str, list[str] 
     if fmt == "json":
         try:
             parsed = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise _Malformed("content declared as json does not parse") from None
         if isinstance(parsed, dict):
-            keys = sorted(parsed)
+            keys = sorted(clean_text(k, limit=MAX_ATTACHMENT, what="a payload field name")
+                          for k in parsed)
     return text, keys
 
 
@@ -111,7 +115,7 @@ def _rights(rights: object) -> list[dict[str, str]]:
             kind, target = item.type, item.target
         else:
             raise _Malformed("each right is {type, target}")
-        if kind not in {r.value for r in RightType}:
+        if not isinstance(kind, str) or kind not in {r.value for r in RightType}:
             raise _Malformed(f"a right's type is send or send_once, not {sanitize(kind, 40)}")
         out.append({"type": str(kind), "target": clean_text(target, limit=MAX_ID,
                                                              what="right target")})
@@ -121,7 +125,7 @@ def _rights(rights: object) -> list[dict[str, str]]:
 
 
 def _attachments(attachments: object) -> list[str]:
-    if isinstance(attachments, str | bytes) or not isinstance(attachments, Iterable):
+    if isinstance(attachments, str | bytes | Mapping) or not isinstance(attachments, Iterable):
         raise _Malformed("attachments must be a list of strings")
     out = [clean_text(a, limit=MAX_ATTACHMENT, what="attachment") for a in attachments]
     if len(out) > MAX_ATTACHMENTS:
@@ -148,8 +152,6 @@ def normalize_draft(fields: Mapping[str, Any], *, index: int = 0,
         row["content"] = None
         row["attachments"] = []
         row["rights"] = []
-        if row["priority"] not in {p.value for p in Priority}:
-            row["priority"] = "normal"
         row["format"] = sanitize(row["format"], MAX_FORMAT)
         row["in_reply_to"] = None
         return DraftRow(row, str(exc))
@@ -157,6 +159,8 @@ def normalize_draft(fields: Mapping[str, Any], *, index: int = 0,
 
 
 def _fill(row: dict[str, Any], fields: Mapping[str, Any], max_content_bytes: int) -> None:
+    if "from" in fields and "sender" in fields:
+        raise _Malformed("give the sender as from or as sender, not both")
     assigned = sorted(RUNTIME_FIELDS & set(fields))
     if assigned:
         raise _Malformed(f"{', '.join(assigned)} is assigned by the runtime, not the sender")
@@ -173,7 +177,7 @@ def _fill(row: dict[str, Any], fields: Mapping[str, Any], max_content_bytes: int
         raise _Malformed("format must not be empty")
     row["format"] = fmt
     priority = fields.get("priority", "normal")
-    if priority not in {p.value for p in Priority}:
+    if not isinstance(priority, str) or priority not in {p.value for p in Priority}:
         raise _Malformed(f"priority is normal, urgent or blocking, not {sanitize(priority, 40)}")
     row["priority"] = str(priority)
     row["content"], row["keys"] = _content(fields["content"], fmt, max_content_bytes)

@@ -41,11 +41,18 @@ _ERRORS: dict[str, type[AgentpostError]] = {
 }
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """A message on one line and of bounded length, whatever values it quotes."""
+    text = text.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def translate(exc: psycopg2.Error) -> AgentpostError:
     """A typed agentpost error for a database error, with a message fit for a person."""
     code = getattr(exc, "pgcode", None)
     diag = getattr(exc, "diag", None)
     message = (diag.message_primary if diag is not None else None) or str(exc).strip()
+    message = one_line(message)
     if code in _ERRORS:
         return _ERRORS[code](message)
     if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError) and code is None:

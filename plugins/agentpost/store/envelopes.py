@@ -34,6 +34,7 @@ from agentpost.protocol.validation import (
     clean_text,
     draft_fields,
     normalize_draft,
+    sanitize,
 )
 from agentpost.protocol.validation import _Malformed as Malformed
 from agentpost.store.db import Database
@@ -162,7 +163,7 @@ class EnvelopeStore:
         try:
             target = WorkspaceState(state)
         except ValueError:
-            raise InvalidInput(f"unknown workspace state {state!r}") from None
+            raise InvalidInput(f"unknown workspace state {sanitize(state, 40)!r}") from None
         row = self.db.fetchone(QUERIES["transition"],
                                {"ws": _ref(workspace_id, "workspace id"),
                                 "state": target.value})
@@ -210,6 +211,8 @@ class EnvelopeStore:
         """Send many envelopes in one call: one durable commit for the lot, then delivery.
         Each draft is a mapping with `from`, `to`, `type`, `content` and the optional fields
         of `send`, or a `Draft`. Results come back in draft order."""
+        if isinstance(drafts, str | bytes | Mapping) or not isinstance(drafts, Iterable):
+            raise InvalidInput("send_many takes a list of drafts")
         rows = [self._draft(draft_fields(d), i) for i, d in enumerate(drafts)]
         return self._send(rows, "agent", None) if rows else []
 
@@ -244,8 +247,7 @@ class EnvelopeStore:
     def inbox(self, workspace_id: str, limit: int | None = None) -> list[Envelope]:
         """Delivered, unconsumed envelopes in processing order. A waiting blocking envelope
         holds back the rest: then only blocking envelopes are listed."""
-        if limit is not None and (not isinstance(limit, int) or limit < 0):
-            raise InvalidInput("limit must be a non-negative integer")
+        _count(limit, "limit", optional=True)
         ws = self.workspace(workspace_id).id
         return [_envelope(r) for r in self.db.fetchall(QUERIES["inbox"],
                                                        {"ws": ws, "limit": limit})]
@@ -270,6 +272,7 @@ class EnvelopeStore:
 
     def signals(self, workspace_id: str, after: int = 0) -> list[Signal]:
         """Signals the runtime emitted to a workspace (acknowledged, failed, rejected)."""
+        _count(after, "after")
         rows = self.db.fetchall(QUERIES["signals"],
                                 {"ws": _ref(workspace_id, "workspace id"), "after": after})
         return [Signal(id=r[0], workspace_id=r[1], signal=r[2], ref=r[3], reason=r[4],
@@ -322,6 +325,8 @@ class EnvelopeStore:
     def trail(self, *, workspace_id: str | None = None, envelope_id: str | None = None,
               event: str | None = None, after: int = 0, limit: int = 10_000) -> list[TrailEvent]:
         """Trail entries in the order they were written, filtered."""
+        _count(after, "after")
+        _count(limit, "limit")
         params = {"chain": None if workspace_id is None else _ref(workspace_id, "workspace"),
                   "envelope_id": None if envelope_id is None else _ref(envelope_id, "envelope"),
                   "event": None if event is None else _ref(event, "event"),
@@ -365,6 +370,14 @@ class EnvelopeStore:
         for chain, envelope_id, status, event in cur.fetchall():
             check.gap(chain, f"envelope {envelope_id} is {status} but the trail has no "
                               f"{event} entry for it (entries were removed)")
+
+
+def _count(value: object, what: str, *, optional: bool = False) -> None:
+    """A non-negative whole number (not a bool) for limits and offsets."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 62:
+        raise InvalidInput(f"{what} must be a non-negative whole number")
 
 
 def _strings(values: Iterable[str], what: str) -> list[str]:

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import psycopg2
 
+from agentpost.protocol.errors import ConfigurationError
+from agentpost.store.db import translate
 from agentpost.store.server import libpq_dsn
 
 __all__ = [
@@ -60,7 +62,7 @@ CREATE TABLE IF NOT EXISTS agentpost.schema_migrations (
 Source = str | Path | Traversable | None
 
 
-class MigrationError(RuntimeError):
+class MigrationError(ConfigurationError):
     """The migrations cannot be applied as they are (bad files, edited files, SQL errors)."""
 
 
@@ -111,6 +113,13 @@ def load(source: Source = None) -> list[Migration]:
     return [found[v] for v in sorted(found)]
 
 
+def _connect(dsn: str):
+    try:
+        return psycopg2.connect(libpq_dsn(dsn))
+    except psycopg2.Error as exc:
+        raise translate(exc) from None
+
+
 def migrate(dsn: str, *, source: Source = None) -> list[str]:
     """Apply the migrations not yet applied to the database at ``dsn``.
 
@@ -120,7 +129,7 @@ def migrate(dsn: str, *, source: Source = None) -> list[str]:
     """
     migrations = load(source)
     newly_applied: list[str] = []
-    conn = psycopg2.connect(libpq_dsn(dsn))
+    conn = _connect(dsn)
     try:
         with conn, conn.cursor() as cur:
             _lock(cur)
@@ -152,7 +161,7 @@ def migrate(dsn: str, *, source: Source = None) -> list[str]:
 
 def applied(dsn: str) -> list[AppliedMigration]:
     """The migrations recorded in the database at ``dsn``, by version (empty if none)."""
-    conn = psycopg2.connect(libpq_dsn(dsn))
+    conn = _connect(dsn)
     try:
         with conn, conn.cursor() as cur:
             cur.execute("SELECT to_regclass('agentpost.schema_migrations') IS NOT NULL")
