@@ -89,6 +89,7 @@ DECLARE
     v_inherited text;
     v_id text;
     v_right text;
+    r record;
     t_chain text[] := '{}'; t_event text[] := '{}'; t_env text[] := '{}';
     t_body jsonb[] := '{}';
 BEGIN
@@ -155,27 +156,23 @@ BEGIN
                                            'parent', p_parent, 'originator', v_orig,
                                            'delegation', p_delegation);
     IF p_parent IS NOT NULL THEN
-        -- send rights along the new edge, per the permission matrix (and delegation rows)
-        IF agentpost._may_send(v_parent.lineage, v_lineage) OR v_parent.delegation THEN
+        -- send rights along the new edge, each way, per the permission matrix (and
+        -- delegation rows)
+        FOR r IN SELECT * FROM (VALUES (p_parent, v_id, v_parent.lineage, v_lineage),
+                                       (v_id, p_parent, v_lineage, v_parent.lineage))
+                              AS e(holder, target, from_lineage, to_lineage)
+        LOOP
+            CONTINUE WHEN NOT (agentpost._may_send(r.from_lineage, r.to_lineage)
+                               OR v_parent.delegation);
             INSERT INTO agentpost.port_rights (holder, target, kind, created_by)
-            VALUES (p_parent, v_id, 'send', 'runtime') RETURNING id INTO v_right;
+            VALUES (r.holder, r.target, 'send', 'runtime') RETURNING id INTO v_right;
             t_chain := t_chain || v_id;
             t_event := t_event || 'port_right_created'::text;
             t_env := t_env || NULL::text;
             t_body := t_body || jsonb_build_object('right_id', v_right, 'right_type', 'send',
-                                                   'holder', p_parent, 'target', v_id,
+                                                   'holder', r.holder, 'target', r.target,
                                                    'created_by', 'runtime');
-        END IF;
-        IF agentpost._may_send(v_lineage, v_parent.lineage) OR v_parent.delegation THEN
-            INSERT INTO agentpost.port_rights (holder, target, kind, created_by)
-            VALUES (v_id, p_parent, 'send', 'runtime') RETURNING id INTO v_right;
-            t_chain := t_chain || v_id;
-            t_event := t_event || 'port_right_created'::text;
-            t_env := t_env || NULL::text;
-            t_body := t_body || jsonb_build_object('right_id', v_right, 'right_type', 'send',
-                                                   'holder', v_id, 'target', p_parent,
-                                                   'created_by', 'runtime');
-        END IF;
+        END LOOP;
     END IF;
     PERFORM agentpost._trail_write(t_chain, t_event, t_env, t_body);
     RETURN (SELECT to_jsonb(w) FROM agentpost.workspaces w WHERE w.id = v_id);

@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg2
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+import dbtools
 from agentpost.protocol.errors import (
     AgentpostError,
     Conflict,
@@ -36,7 +36,7 @@ from agentpost.protocol.errors import (
 )
 from agentpost.protocol.models import Draft, SendResult, Status
 from agentpost.store import EnvelopeStore
-from agentpost.store.server import libpq_dsn
+from dbtools import rows
 
 MAX_CONTENT = 4096
 REASONS = frozenset({"permission_denied", "no_send_right", "invalid_type", "invalid_structure",
@@ -88,15 +88,7 @@ SENDERS = ["lead", "w1", "w2", "rev", "obs", "sus", "integ"]
 
 
 def connect(dsn: str) -> Any:
-    conn = psycopg2.connect(libpq_dsn(dsn), application_name="agentpost-test-reader")
-    conn.autocommit = True
-    return conn
-
-
-def rows(conn: Any, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchall()
+    return dbtools.connect(dsn, "agentpost-test-reader")
 
 
 def snapshot(conn: Any) -> dict[str, int]:

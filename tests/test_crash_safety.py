@@ -27,6 +27,8 @@ from agentpost.protocol.errors import AgentpostError
 from agentpost.protocol.models import Status
 from agentpost.store import EnvelopeStore
 from agentpost.store.server import libpq_dsn
+from dbtools import connect
+from dbtools import rows as _rows
 
 #: the three channels the sender uses: (from, to, type)
 CHANNELS = [("coordinator", "w1", "directive"), ("coordinator", "w2", "directive"),
@@ -90,15 +92,7 @@ def _sender(dsn: str, trail_key: str, seed: int, ready: Any, go: Any, ack_timeou
 
 
 def _connect(dsn: str) -> Any:
-    conn = psycopg2.connect(libpq_dsn(dsn), application_name="agentpost-crash-test")
-    conn.autocommit = True
-    return conn
-
-
-def _rows(conn: Any, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchall()
+    return connect(dsn, "agentpost-crash-test")
 
 
 def _terminate_store_backends(conn: Any) -> int:

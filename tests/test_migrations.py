@@ -6,10 +6,10 @@ import hashlib
 import threading
 from pathlib import Path
 
-import psycopg2
 import pytest
 
 from agentpost.store.migrations import MigrationError, applied, load, migrate, pending
+from dbtools import query as _query
 
 
 def _write(directory: Path, name: str, text: str) -> Path:
@@ -18,14 +18,6 @@ def _write(directory: Path, name: str, text: str) -> Path:
     return path
 
 
-def _query(dsn: str, statement: str) -> list[tuple]:
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn, conn.cursor() as cur:
-            cur.execute(statement)
-            return cur.fetchall()
-    finally:
-        conn.close()
 
 
 @pytest.fixture

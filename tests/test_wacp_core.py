@@ -28,6 +28,7 @@ from agentpost.protocol.errors import Conflict, InvalidInput, NotFound
 from agentpost.protocol.models import Draft, RejectionReason
 from agentpost.store import EnvelopeStore
 from agentpost.store.server import libpq_dsn
+from dbtools import query as _query
 
 # §9, verbatim
 SPEC_REJECTION_REASONS = {
@@ -56,10 +57,6 @@ def _conn(dsn: str) -> Iterator[Any]:
         conn.close()
 
 
-def _query(dsn: str, statement: str, params: Any = ()) -> list[tuple]:
-    with _conn(dsn) as conn, conn.cursor() as cur:
-        cur.execute(statement, params)
-        return cur.fetchall()
 
 
 def _world(store: EnvelopeStore) -> None:

@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg2
 import pytest
 
 from agentpost.protocol.errors import (
@@ -34,7 +33,8 @@ from agentpost.protocol.errors import (
 )
 from agentpost.protocol.models import Right, RightType, TrailEvent
 from agentpost.store import EnvelopeStore
-from agentpost.store.server import libpq_dsn
+from dbtools import connect
+from dbtools import rows as query
 
 WAIT_LIMIT = 20.0  # seconds: the bound of every poll in this module
 
@@ -42,16 +42,6 @@ WAIT_LIMIT = 20.0  # seconds: the bound of every poll in this module
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def connect(dsn: str) -> Any:
-    conn = psycopg2.connect(libpq_dsn(dsn), application_name="agentpost-tests")
-    conn.autocommit = True
-    return conn
-
-
-def query(conn: Any, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchall() if cur.description is not None else []
 
 
 @pytest.fixture
