@@ -36,10 +36,13 @@ BEGIN
     RETURN decode(v, 'hex');
 END $$;
 
--- The three pieces of an entry, as inlinable SQL expressions shared by every writer.
+-- The three pieces of an entry, as SQL expressions shared by every writer. They are declared
+-- STABLE, as their bodies are (jsonb and encoding conversions depend on session settings):
+-- an IMMUTABLE one would not be inlined, and a non-inlined SQL function called from plpgsql
+-- is planned again in every transaction.
 CREATE FUNCTION agentpost._record(p_chain text, p_seq bigint, p_event text, p_envelope text,
                                   p_at timestamptz, p_body jsonb) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT jsonb_build_object('chain', p_chain, 'seq', p_seq, 'event', p_event,
                               'envelope_id', p_envelope,
                               'at_us', (extract(epoch FROM p_at) * 1000000)::bigint,
@@ -47,13 +50,13 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$;
 
 CREATE FUNCTION agentpost._link(p_prev bytea, p_record text) RETURNS bytea
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT sha256(coalesce(p_prev, decode(repeat('00', 32), 'hex'))
                   || convert_to(p_record, 'UTF8'));
 $$;
 
 CREATE FUNCTION agentpost._mac(p_hash bytea, p_ipad bytea, p_opad bytea) RETURNS bytea
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT sha256(p_opad || sha256(p_ipad || p_hash));
 $$;
 
