@@ -23,6 +23,7 @@ from collections.abc import Iterator
 
 import psycopg2
 import pytest
+from hypothesis import settings
 from psycopg2 import sql
 
 from agentpost.store import EnvelopeStore
@@ -31,6 +32,12 @@ from agentpost.store.server import PostgresServer, discover, dsn_for_database, l
 
 # Tests sign the trail with their own key (and so never warn about the development key).
 os.environ.setdefault("AGENTPOST_TRAIL_KEY", "agentpost-test-trail-key")
+
+# CI replays the same examples every run (a red CI must be reproducible); a developer's run
+# explores new ones.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 def unique_db_name(kind: str) -> str:

@@ -82,7 +82,7 @@ class DraftRow:
 def _content(content: object, fmt: str, max_bytes: int) -> tuple[str, list[str] | None]:
     if fmt == "json" and isinstance(content, Mapping | list):
         try:
-            content = json.dumps(content, ensure_ascii=False)
+            content = json.dumps(content)
         except (TypeError, ValueError, RecursionError):
             raise _Malformed("content cannot be written as JSON") from None
     text = clean_text(content, limit=max_bytes, what="content")
