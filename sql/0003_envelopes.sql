@@ -163,12 +163,11 @@ BEGIN
                n.reason, n.ts
           FROM numbered n
     )
-    SELECT array_agg(n.i ORDER BY n.seq), array_agg(n.id ORDER BY n.seq),
-           array_agg(n.sender ORDER BY n.seq), array_agg(n.recipient ORDER BY n.seq),
-           array_agg(n.type ORDER BY n.seq), array_agg(n.priority ORDER BY n.seq),
-           array_agg(n.in_reply_to ORDER BY n.seq), array_agg(n.orig ORDER BY n.seq),
-           array_agg(n.ts ORDER BY n.seq), array_agg(n.reason ORDER BY n.seq),
-           array_agg(n.slow ORDER BY n.seq), array_agg(n.rights ORDER BY n.seq)
+    -- (numbered is produced in seq order and a CTE scan keeps that order)
+    SELECT array_agg(n.i), array_agg(n.id), array_agg(n.sender), array_agg(n.recipient),
+           array_agg(n.type), array_agg(n.priority), array_agg(n.in_reply_to),
+           array_agg(n.orig), array_agg(n.ts), array_agg(n.reason), array_agg(n.slow),
+           array_agg(n.rights)
       INTO a_i, a_id, a_sender, a_recipient, a_type, a_prio, a_reply, a_orig, a_ts,
            a_reason, a_slow, a_rights
       FROM numbered n;
@@ -240,35 +239,36 @@ BEGIN
 
     -- the senders' trail entries, in creation order: created (and the send-once right it
     -- spent), or rejected and the notification
-    PERFORM agentpost._trail_write(
-        array_agg(u.sender ORDER BY u.k, j),
-        array_agg(CASE
-                      WHEN j = 1 AND u.reason IS NULL THEN 'envelope_created'
-                      WHEN j = 1 THEN 'envelope_rejected'
-                      WHEN u.reason IS NULL THEN 'port_right_consumed'
-                      ELSE 'signal_emitted'
-                  END ORDER BY u.k, j),
-        array_agg(u.id ORDER BY u.k, j),
-        array_agg(CASE
-                      WHEN j = 1 AND u.reason IS NULL THEN jsonb_build_object(
-                          'envelope_id', u.id, 'from', u.sender, 'to', u.recipient,
-                          'type', u.type, 'priority', u.prio, 'in_reply_to', u.reply,
-                          'originator', u.orig, 'origin', p_origin, 'timestamp', u.ts)
-                      WHEN j = 1 THEN jsonb_build_object(
-                          'envelope_id', u.id, 'from', u.sender, 'to', u.recipient,
-                          'type', u.type, 'reason', u.reason, 'timestamp', u.ts)
-                      WHEN u.reason IS NULL THEN jsonb_build_object(
-                          'right_id', u.consumed, 'holder', u.sender, 'target', u.recipient,
-                          'via_envelope', u.id)
-                      ELSE jsonb_build_object('signal', 'rejected', 'ref', u.id,
-                                              'to', u.sender, 'reason', u.reason)
-                  END ORDER BY u.k, j), true)
-      FROM unnest(a_id, a_sender, a_recipient, a_type, a_prio, a_reply, a_orig, a_ts,
-                  a_reason, a_consumed)
-           WITH ORDINALITY AS u(id, sender, recipient, type, prio, reply, orig, ts, reason,
-                                consumed, k)
-      CROSS JOIN generate_series(1, 2) AS j
-     WHERE j = 1 OR u.reason IS NOT NULL OR u.consumed IS NOT NULL;
+    PERFORM agentpost._trail_write(array_agg(x.chain), array_agg(x.event),
+                                   array_agg(x.id), array_agg(x.body), true)
+      FROM (SELECT u.sender AS chain, u.id,
+                   CASE
+                       WHEN j = 1 AND u.reason IS NULL THEN 'envelope_created'
+                       WHEN j = 1 THEN 'envelope_rejected'
+                       WHEN u.reason IS NULL THEN 'port_right_consumed'
+                       ELSE 'signal_emitted'
+                   END AS event,
+                   CASE
+                       WHEN j = 1 AND u.reason IS NULL THEN jsonb_build_object(
+                           'envelope_id', u.id, 'from', u.sender, 'to', u.recipient,
+                           'type', u.type, 'priority', u.prio, 'in_reply_to', u.reply,
+                           'originator', u.orig, 'origin', p_origin, 'timestamp', u.ts)
+                       WHEN j = 1 THEN jsonb_build_object(
+                           'envelope_id', u.id, 'from', u.sender, 'to', u.recipient,
+                           'type', u.type, 'reason', u.reason, 'timestamp', u.ts)
+                       WHEN u.reason IS NULL THEN jsonb_build_object(
+                           'right_id', u.consumed, 'holder', u.sender, 'target', u.recipient,
+                           'via_envelope', u.id)
+                       ELSE jsonb_build_object('signal', 'rejected', 'ref', u.id,
+                                               'to', u.sender, 'reason', u.reason)
+                   END AS body
+              FROM unnest(a_id, a_sender, a_recipient, a_type, a_prio, a_reply, a_orig, a_ts,
+                          a_reason, a_consumed)
+                   WITH ORDINALITY AS u(id, sender, recipient, type, prio, reply, orig, ts,
+                                        reason, consumed, k)
+              CROSS JOIN generate_series(1, 2) AS j
+             WHERE j = 1 OR u.reason IS NOT NULL OR u.consumed IS NOT NULL
+             ORDER BY u.k, j) x;
 
     RETURN QUERY SELECT u.i, u.id, CASE WHEN u.reason IS NULL THEN 'validated' ELSE 'rejected' END,
                         u.reason, u.recipient
@@ -410,21 +410,20 @@ BEGIN
         INSERT INTO agentpost.signals (workspace_id, signal, ref, emitted_by, at)
         SELECT d.sender, 'acknowledged', d.id, p_ws, d.delivered_at FROM d
     )
-    SELECT count(*),
-           array_agg(p_ws ORDER BY d.seq, j),
-           array_agg(CASE j WHEN 1 THEN 'envelope_delivered' ELSE 'signal_emitted' END
-                     ORDER BY d.seq, j),
-           array_agg(d.id ORDER BY d.seq, j),
-           array_agg(CASE j
-                         WHEN 1 THEN jsonb_build_object(
-                             'envelope_id', d.id, 'from', d.sender, 'to', p_ws,
-                             'delivered_at', d.delivered_at, 'attempt', d.attempts)
-                         ELSE jsonb_build_object('signal', 'acknowledged', 'ref', d.id,
-                                                 'to', d.sender)
-                     END ORDER BY d.seq, j),
-           array_agg(d.id) FILTER (WHERE j = 1 AND d.has_rights)
+    SELECT count(*), array_agg(p_ws), array_agg(x.event), array_agg(x.id), array_agg(x.body),
+           array_agg(x.id) FILTER (WHERE x.j = 1 AND x.has_rights)
       INTO v_n, t_chain, t_event, t_env, t_body, v_with_rights
-      FROM d CROSS JOIN generate_series(1, 2) AS j;
+      FROM (SELECT d.id, d.has_rights, j,
+                   CASE j WHEN 1 THEN 'envelope_delivered' ELSE 'signal_emitted' END AS event,
+                   CASE j
+                       WHEN 1 THEN jsonb_build_object(
+                           'envelope_id', d.id, 'from', d.sender, 'to', p_ws,
+                           'delivered_at', d.delivered_at, 'attempt', d.attempts)
+                       ELSE jsonb_build_object('signal', 'acknowledged', 'ref', d.id,
+                                               'to', d.sender)
+                   END AS body
+              FROM d CROSS JOIN generate_series(1, 2) AS j
+             ORDER BY d.seq, j) x;
     v_n := v_n / 2;
     IF v_n = 0 THEN
         RETURN 0;
