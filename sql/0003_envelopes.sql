@@ -363,35 +363,37 @@ DECLARE
     t_body jsonb[] := '{}';
 BEGIN
     PERFORM agentpost._lock_chain(p_ws);
-    -- The receiver's queue in creation order, in one pass over the pending index (a queue
-    -- index is full of dead entries between vacuums, so it is walked once, not three times):
+    -- In one look: the receiver's state, the blocking gate (a delivered blocking envelope not
+    -- yet consumed), and its queue in creation order, in one pass over the pending index (a
+    -- queue index is full of dead entries between vacuums, so it is walked once): what is
     -- deliverable is the prefix before the first envelope still backing off, up to and
     -- including the first blocking one.
-    SELECT count(*) > 0,
-           array_agg(q.id ORDER BY q.seq) FILTER (WHERE NOT q.waiting AND NOT q.behind_blocking)
-      INTO v_any, v_ids
-      FROM (SELECT e.id, e.seq,
-                   bool_or(coalesce(e.next_attempt_at > now(), false))
-                       OVER (ORDER BY e.seq ROWS UNBOUNDED PRECEDING) AS waiting,
-                   coalesce(bool_or(e.rank = 0)
-                       OVER (ORDER BY e.seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
-                       false) AS behind_blocking
-              FROM agentpost.envelopes e
-             WHERE e.recipient = p_ws AND e.status = 'validated') q;
-    IF NOT v_any THEN
-        RETURN 0;
-    END IF;
-    -- its state, and the blocking gate: a delivered blocking envelope not yet consumed
     SELECT w.state,
            EXISTS (SELECT 1 FROM agentpost.envelopes e
                     WHERE e.recipient = p_ws AND e.status = 'acknowledged'
-                      AND e.consumed_at IS NULL AND e.rank = 0)
-      INTO v_state, v_gated
-      FROM agentpost.workspaces w
+                      AND e.consumed_at IS NULL AND e.rank = 0),
+           q.any, q.ids
+      INTO v_state, v_gated, v_any, v_ids
+      FROM agentpost.workspaces w,
+           LATERAL (SELECT count(*) > 0 AS any,
+                           array_agg(x.id ORDER BY x.seq)
+                               FILTER (WHERE NOT x.waiting AND NOT x.behind_blocking) AS ids
+                      FROM (SELECT e.id, e.seq,
+                                   bool_or(coalesce(e.next_attempt_at > now(), false))
+                                       OVER (ORDER BY e.seq ROWS UNBOUNDED PRECEDING) AS waiting,
+                                   coalesce(bool_or(e.rank = 0)
+                                       OVER (ORDER BY e.seq
+                                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+                                       false) AS behind_blocking
+                              FROM agentpost.envelopes e
+                             WHERE e.recipient = p_ws AND e.status = 'validated') x) q
      WHERE w.id = p_ws;
+    IF NOT coalesce(v_any, false) THEN
+        RETURN 0;
+    END IF;
     IF v_state IN ('integrating', 'closed', 'failed') THEN
         -- sealed: what still waits for it must be recorded undeliverable, which needs the
-        -- senders' chains; the caller does that after committing (see _deliver_all)
+        -- senders' chains; the caller does that after committing (see _deliver_to)
         RETURN -1;
     END IF;
     IF v_ids IS NULL OR v_state IS NULL OR v_state NOT IN ('idle', 'active', 'blocked')
@@ -562,39 +564,42 @@ BEGIN
     RETURN agentpost._undeliver(v_pending, NULL);
 END $$;
 
--- Deliver to each recipient in sorted order, one transaction each (asynchronous commit: the
--- trail entries of phase 1 are already durable, and recover() redoes a lost delivery).
--- Recipients whose delivery fails get a counted attempt.
+-- Phase 2 for one receiver, in a transaction of its own with asynchronous commit (the trail
+-- entries of phase 1 are already durable, and recover() redoes a lost delivery). A delivery
+-- that cannot complete within the acknowledgment timeout counts as a failed attempt; a
+-- receiver found sealed gets what waits for it recorded undeliverable.
+CREATE PROCEDURE agentpost._deliver_to(p_ws text, p_timeout_ms int)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_n int;
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true),
+            set_config('lock_timeout', coalesce(p_timeout_ms, 0)::text, true);
+    BEGIN
+        v_n := agentpost._drain(p_ws);
+    EXCEPTION WHEN lock_not_available OR query_canceled OR deadlock_detected
+                   OR serialization_failure THEN
+        v_n := NULL;
+    END;
+    COMMIT;
+    IF v_n IS NULL THEN
+        PERFORM agentpost._delivery_failed(p_ws, coalesce(p_timeout_ms, 1000));
+        COMMIT;
+    ELSIF v_n < 0 THEN
+        PERFORM agentpost._sweep_sealed(p_ws);
+        COMMIT;
+    END IF;
+END $$;
+
+-- Phase 2 for many receivers, in sorted order.
 CREATE PROCEDURE agentpost._deliver_all(p_recipients text[], p_timeout_ms int)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_r text;
-    v_n int;
-    v_failed text[] := '{}';
-    v_sealed text[] := '{}';
 BEGIN
     FOR v_r IN SELECT DISTINCT u FROM unnest(p_recipients) u WHERE u IS NOT NULL ORDER BY 1
     LOOP
-        PERFORM set_config('synchronous_commit', 'off', true),
-                set_config('lock_timeout', coalesce(p_timeout_ms, 0)::text, true);
-        BEGIN
-            v_n := agentpost._drain(v_r);
-            IF v_n < 0 THEN
-                v_sealed := v_sealed || v_r;
-            END IF;
-        EXCEPTION WHEN lock_not_available OR query_canceled OR deadlock_detected
-                       OR serialization_failure THEN
-            v_failed := v_failed || v_r;
-        END;
-        COMMIT;
-    END LOOP;
-    FOREACH v_r IN ARRAY v_sealed LOOP
-        PERFORM agentpost._sweep_sealed(v_r);
-        COMMIT;
-    END LOOP;
-    FOREACH v_r IN ARRAY v_failed LOOP
-        PERFORM agentpost._delivery_failed(v_r, coalesce(p_timeout_ms, 1000));
-        COMMIT;
+        CALL agentpost._deliver_to(v_r, p_timeout_ms);
     END LOOP;
 END $$;
 
@@ -651,7 +656,7 @@ BEGIN
     END IF;
     COMMIT;
     IF v_status IS DISTINCT FROM 'rejected' THEN
-        CALL agentpost._deliver_all(ARRAY[p_recipient], p_timeout_ms);
+        CALL agentpost._deliver_to(p_recipient, p_timeout_ms);
     END IF;
     SELECT e.status, e.reason INTO v_status, v_reason FROM agentpost.envelopes e
      WHERE e.id = v_id;
