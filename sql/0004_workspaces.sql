@@ -257,6 +257,19 @@ BEGIN
     RETURN 0;
 END $$;
 
+-- A workspace's role lineage; an unknown workspace is an error.
+CREATE FUNCTION agentpost._lineage_of(p_ws text) RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v text[];
+BEGIN
+    SELECT lineage INTO v FROM agentpost.workspaces WHERE id = p_ws;
+    IF NOT FOUND THEN
+        PERFORM agentpost._fail('AP404', format('unknown workspace %L', p_ws));
+    END IF;
+    RETURN v;
+END $$;
+
 -- Mint a right: the target itself (it holds the receive right) or a coordinator may.
 CREATE FUNCTION agentpost.grant_right(p_by text, p_holder text, p_target text, p_kind text)
 RETURNS text
@@ -265,18 +278,8 @@ DECLARE
     v_by text[];
     v_right text;
 BEGIN
-    SELECT lineage INTO v_by FROM agentpost.workspaces WHERE id = p_by;
-    IF NOT FOUND THEN
-        PERFORM agentpost._fail('AP404', format('unknown workspace %L', p_by));
-    END IF;
-    PERFORM 1 FROM agentpost.workspaces WHERE id = p_holder;
-    IF NOT FOUND THEN
-        PERFORM agentpost._fail('AP404', format('unknown workspace %L', p_holder));
-    END IF;
-    PERFORM 1 FROM agentpost.workspaces WHERE id = p_target;
-    IF NOT FOUND THEN
-        PERFORM agentpost._fail('AP404', format('unknown workspace %L', p_target));
-    END IF;
+    v_by := agentpost._lineage_of(p_by);
+    PERFORM agentpost._lineage_of(p_holder), agentpost._lineage_of(p_target);
     IF p_by <> p_target AND NOT 'coordinator' = ANY (v_by) THEN
         PERFORM agentpost._fail('AP403', format(
             'only %L itself or a coordinator may grant rights to it', p_target));
@@ -295,10 +298,7 @@ DECLARE
     v_by text[];
     r record;
 BEGIN
-    SELECT lineage INTO v_by FROM agentpost.workspaces WHERE id = p_by;
-    IF NOT FOUND THEN
-        PERFORM agentpost._fail('AP404', format('unknown workspace %L', p_by));
-    END IF;
+    v_by := agentpost._lineage_of(p_by);
     IF NOT 'coordinator' = ANY (v_by) THEN
         PERFORM agentpost._fail('AP403', format(
             'only a coordinator may revoke rights; %L is not one', p_by));

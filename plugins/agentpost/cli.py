@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -226,7 +227,12 @@ _EXIT_CODES: Sequence[tuple[type[Exception], int]] = (
 )
 
 
+def _one_line_warning(message: Warning | str, *args: object, **kwargs: object) -> str:
+    return f"agentpost: warning: {message}\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    warnings.formatwarning = _one_line_warning
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
