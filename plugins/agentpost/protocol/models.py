@@ -59,14 +59,6 @@ class WorkspaceState(StrEnum):
     FAILED = "failed"
 
 
-#: states whose inbox takes deliveries now
-DELIVERABLE = frozenset({WorkspaceState.IDLE, WorkspaceState.ACTIVE, WorkspaceState.BLOCKED})
-#: states whose inbox queues validated envelopes until the workspace resumes
-QUEUEING = frozenset({WorkspaceState.MIGRATING, WorkspaceState.SUSPENDED})
-#: states whose inbox is sealed: sends are rejected, queued envelopes become undeliverable
-SEALED = frozenset({WorkspaceState.INTEGRATING, WorkspaceState.CLOSED, WorkspaceState.FAILED})
-
-
 class RightType(StrEnum):
     SEND = "send"
     SEND_ONCE = "send_once"

@@ -12,7 +12,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg2
-import psycopg2.extras
 from sqlalchemy import create_engine
 from sqlalchemy.pool import QueuePool
 
@@ -129,7 +128,3 @@ class Database:
 
     def dispose(self) -> None:
         self._engine.dispose()
-
-
-def json_param(value: Any) -> psycopg2.extras.Json:
-    return psycopg2.extras.Json(value)
