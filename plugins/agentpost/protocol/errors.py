@@ -26,6 +26,11 @@ class InboxBlocked(Conflict):
     """A blocking envelope holds the inbox: it must be consumed first."""
 
 
+class LeaseLost(Conflict):
+    """The lease token is stale: the lease expired, or the envelope was leased again since.
+    Nothing changed; the envelope will be (or was) delivered again."""
+
+
 class Forbidden(AgentpostError, PermissionError):
     """The acting workspace may not do this (e.g. revoke a right without being a coordinator)."""
 

@@ -23,6 +23,8 @@ class Priority(StrEnum):
 class Origin(StrEnum):
     AGENT = "agent"
     HUMAN = "human"
+    #: sent by an on-insert rule (its sender is ``rule:<rule id>``)
+    SYSTEM = "system"
 
 
 class Status(StrEnum):
@@ -116,6 +118,11 @@ class Envelope(_Frozen):
     delivered_at: datetime | None = None
     consumed_at: datetime | None = None
     attempts: int = 0
+    # beyond §3: Courier's routing fields, and how often a lease on it was returned
+    tags: tuple[str, ...] = ()
+    headers: dict[str, Any] = Field(default_factory=dict)
+    meta: dict[str, Any] = Field(default_factory=dict)
+    redeliveries: int = 0
 
     @property
     def sender(self) -> str:
@@ -135,6 +142,8 @@ class SendResult(_Frozen):
     status: Status
     reason: str | None = None
     detail: str | None = None
+    #: the envelope id was seen before: nothing was sent, this is the original's outcome
+    duplicate: bool = False
 
     @property
     def accepted(self) -> bool:

@@ -10,6 +10,7 @@ named at all raises: without a sender there is nobody to record the rejection ag
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,8 +30,14 @@ DEFAULT_MAX_CONTENT_BYTES = 1 << 20
 RUNTIME_FIELDS = frozenset({"id", "timestamp", "origin", "status", "originator"})
 DRAFT_FIELDS = frozenset(
     {"from", "sender", "to", "type", "content", "format", "attachments", "in_reply_to",
-     "priority", "rights"}
+     "priority", "rights", "envelope_id", "tags", "headers", "meta"}
 )
+#: a caller-chosen envelope id (the idempotency key of Courier §6.4)
+CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+MAX_TAGS = 32
+MAX_TAG = 100
+MAX_HEADERS = 64
+MAX_META_BYTES = 16_384
 
 
 class _Malformed(Exception):
@@ -144,6 +151,7 @@ def normalize_draft(fields: Mapping[str, Any], *, index: int = 0,
         "recipient": sanitize(fields.get("to", "")), "type": sanitize(fields.get("type", ""), 100),
         "format": "markdown", "content": None, "attachments": [], "in_reply_to": None,
         "priority": "normal", "rights": [], "keys": None, "malformed": None,
+        "envelope_id": None, "tags": [], "headers": {}, "meta": {},
     }
     try:
         _fill(row, fields, max_content_bytes)
@@ -154,6 +162,9 @@ def normalize_draft(fields: Mapping[str, Any], *, index: int = 0,
         row["rights"] = []
         row["format"] = sanitize(row["format"], MAX_FORMAT)
         row["in_reply_to"] = None
+        # a malformed draft keeps no caller-chosen id: its corrected resend must not be
+        # taken for a duplicate of the rejection
+        row.update(envelope_id=None, tags=[], headers={}, meta={})
         return DraftRow(row, str(exc))
     return DraftRow(row, None)
 
@@ -186,6 +197,44 @@ def _fill(row: dict[str, Any], fields: Mapping[str, Any], max_content_bytes: int
     row["in_reply_to"] = None if reply is None else clean_text(reply, limit=MAX_ID,
                                                                what="in_reply_to")
     row["rights"] = _rights(fields.get("rights", ()))
+    _extras(row, fields)
+
+
+def _extras(row: dict[str, Any], fields: Mapping[str, Any]) -> None:
+    """Courier's fields: a caller-chosen id, tags, headers and free metadata."""
+    eid = fields.get("envelope_id")
+    if eid is not None:
+        if not isinstance(eid, str) or not CLIENT_ID.match(eid):
+            raise _Malformed("envelope_id uses 1 to 128 letters, digits, '.', '_', ':' or '-'"
+                             " and starts with a letter or digit")
+        row["envelope_id"] = eid
+    tags = fields.get("tags", ())
+    if isinstance(tags, str | bytes | Mapping) or not isinstance(tags, Iterable):
+        raise _Malformed("tags must be a list of strings")
+    row["tags"] = sorted({clean_text(t, limit=MAX_TAG, what="tag") for t in tags})
+    if len(row["tags"]) > MAX_TAGS:
+        raise _Malformed(f"at most {MAX_TAGS} tags per envelope")
+    headers = fields.get("headers") or {}
+    if not isinstance(headers, Mapping) or len(headers) > MAX_HEADERS:
+        raise _Malformed(f"headers must be an object of at most {MAX_HEADERS} entries")
+    for key, value in headers.items():
+        clean_text(key, limit=MAX_TAG, what="a header name")
+        if not (value is None or isinstance(value, str | int | float | bool)):
+            raise _Malformed(f"header {sanitize(key, 40)} must be a string, number or boolean")
+        if isinstance(value, str):
+            clean_text(value, limit=MAX_ATTACHMENT, what=f"header {sanitize(key, 40)}")
+    row["headers"] = dict(headers)
+    meta = fields.get("meta") or {}
+    if not isinstance(meta, Mapping):
+        raise _Malformed("meta must be an object")
+    try:
+        encoded = json.dumps(meta, allow_nan=False, ensure_ascii=False)
+        encoded.encode("utf-8")
+    except (TypeError, ValueError, RecursionError):
+        raise _Malformed("meta must be plain JSON") from None
+    if len(encoded) > MAX_META_BYTES or "\x00" in encoded or "\\u0000" in encoded:
+        raise _Malformed(f"meta must be at most {MAX_META_BYTES} bytes of JSON without NULs")
+    row["meta"] = json.loads(encoded)
 
 
 def draft_fields(draft: object) -> Mapping[str, Any]:

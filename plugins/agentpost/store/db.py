@@ -23,6 +23,7 @@ from agentpost.protocol.errors import (
     InboxBlocked,
     InvalidInput,
     InvalidTransition,
+    LeaseLost,
     NotFound,
     StoreError,
     StoreUnavailable,
@@ -36,6 +37,7 @@ _ERRORS: dict[str, type[AgentpostError]] = {
     "AP409": Conflict,
     "APT09": InvalidTransition,
     "APB09": InboxBlocked,
+    "APL09": LeaseLost,
     "AP500": ConfigurationError,
 }
 

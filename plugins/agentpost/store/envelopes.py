@@ -14,6 +14,7 @@ from typing import Any
 
 from agentpost.config import Settings
 from agentpost.protocol.errors import InvalidInput, NotFound
+from agentpost.protocol.leases import courier_draft
 from agentpost.protocol.models import (
     Envelope,
     Payload,
@@ -28,52 +29,33 @@ from agentpost.protocol.models import (
     WorkspaceState,
 )
 from agentpost.protocol.trail import ChainCheck, StoredEntry
-from agentpost.protocol.validation import (
-    MAX_ID,
-    DraftRow,
-    clean_text,
-    draft_fields,
-    normalize_draft,
-    sanitize,
-)
-from agentpost.protocol.validation import _Malformed as Malformed
+from agentpost.protocol.validation import DraftRow, draft_fields, normalize_draft, sanitize
+from agentpost.store.checks import count as _count
+from agentpost.store.checks import name as _name
+from agentpost.store.checks import ref as _ref
+from agentpost.store.checks import strings as _strings
+from agentpost.store.checks import text as _text
 from agentpost.store.db import Database
+from agentpost.store.leases import LeaseOps
 from agentpost.store.migrations import migrate
 from agentpost.store.queries import QUERIES
-
-_NAME_LIMIT = 64
-
-
-def _name(value: object, what: str) -> str:
-    """A registry name (role, type, workspace id): a short clean string."""
-    try:
-        text = clean_text(value, limit=_NAME_LIMIT, what=what)
-    except Malformed as exc:
-        raise InvalidInput(str(exc)) from None
-    if not text.strip():
-        raise InvalidInput(f"{what} must not be empty")
-    return text
-
-
-def _ref(value: object, what: str) -> str:
-    """An id given back to us (envelope id, workspace id): checked before it reaches SQL."""
-    try:
-        return clean_text(value, limit=MAX_ID, what=what)
-    except Malformed as exc:
-        raise InvalidInput(str(exc)) from None
+from agentpost.store.rules import RuleOps
+from agentpost.store.views import ViewOps
 
 
 def _envelope(row: Sequence[Any]) -> Envelope:
+    """An Envelope from the columns of queries.sql's envelope select list (in that order)."""
     (eid, sender, recipient, originator, etype, fmt, content, attachments, reply, rights,
      priority, created_at, origin, status, seq, reason, delivered_at, consumed_at,
-     attempts) = row
+     attempts, tags, headers, meta, redeliveries) = row
     return Envelope.model_validate({
         "id": eid, "from": sender, "to": recipient, "originator": originator, "type": etype,
         "payload": Payload(format=fmt, content=content, attachments=tuple(attachments)),
         "in_reply_to": reply, "rights": rights, "priority": priority,
         "timestamp": created_at, "origin": origin, "status": status, "seq": seq,
         "reason": reason, "delivered_at": delivered_at, "consumed_at": consumed_at,
-        "attempts": attempts,
+        "attempts": attempts, "tags": tuple(tags), "headers": headers, "meta": meta,
+        "redeliveries": redeliveries,
     })
 
 
@@ -84,8 +66,12 @@ def _workspace(row: Sequence[Any]) -> Workspace:
                      created_at=created_at, updated_at=updated_at)
 
 
-class EnvelopeStore:
-    """WACP envelopes, workspaces, port rights and the signed trail, on Postgres."""
+class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
+    """WACP envelopes, workspaces, port rights and the signed trail, on Postgres; leases,
+    rules and views of the inboxes (Courier) in the mixins."""
+
+    def _envelope_row(self, row: Sequence[Any]) -> Envelope:
+        return _envelope(row)
 
     def __init__(self, dsn: str | None = None, *, settings: Settings | None = None,
                  trail_key: str | None = None, ack_timeout: float | None = None,
@@ -183,14 +169,23 @@ class EnvelopeStore:
     def send(self, sender: str, to: str, type: str, content: Any, *,
              format: str = "markdown", attachments: Iterable[str] = (),
              in_reply_to: str | None = None, priority: str = "normal",
-             rights: Iterable[Any] = ()) -> SendResult:
+             rights: Iterable[Any] = (), envelope_id: str | None = None,
+             tags: Iterable[str] = (), headers: Mapping[str, Any] | None = None,
+             meta: Mapping[str, Any] | None = None) -> SendResult:
         """Validate, record and deliver one envelope. Never raises for a bad envelope: it
-        comes back rejected with its §9 reason. Raises for an unknown or sealed sender."""
+        comes back rejected with its §9 reason. Raises for an unknown or sealed sender.
+
+        `envelope_id` is an idempotency key: a send with an id already used by the same
+        sender to the same receiver sends nothing and returns the original outcome
+        (``duplicate=True``); used for another channel it is a Conflict."""
         fields = {"from": sender, "to": to, "type": type, "content": content,
                   "format": format, "attachments": attachments, "in_reply_to": in_reply_to,
-                  "priority": priority, "rights": rights}
+                  "priority": priority, "rights": rights, "envelope_id": envelope_id,
+                  "tags": tags, "headers": headers, "meta": meta}
         draft = self._draft(fields, 0)
-        if draft.problem is None and not draft.row["rights"]:
+        row = draft.row
+        if draft.problem is None and not (row["rights"] or row["envelope_id"] or row["tags"]
+                                          or row["headers"] or row["meta"]):
             return self._send_one(draft)
         return self._send([draft], "agent", None)[0]
 
@@ -216,16 +211,28 @@ class EnvelopeStore:
         rows = [self._draft(draft_fields(d), i) for i, d in enumerate(drafts)]
         return self._send(rows, "agent", None) if rows else []
 
+    def enqueue(self, to: str, envelope: Mapping[str, Any]) -> SendResult:
+        """Courier's enqueue (§7): append a Courier-shaped envelope (§4.1: `id`, `ts`,
+        `from`, `type`, `payload`, optional `tags`, `headers`, `schema`, `version`, `corr`,
+        `refs`) to the stream `to` (``agents/<workspace>/inbox``). The id is the
+        idempotency key. `from` is the sending workspace, or ``human:<user>`` for the human
+        highway; the usual WACP checks apply."""
+        fields, human = courier_draft(to, envelope)
+        if human is not None:
+            return self._send([self._draft(fields, 0)], "human", _name(human, "user id"))[0]
+        return self._send([self._draft(fields, 0)], "agent", None)[0]
+
     def inject(self, user_id: str, to: str, type: str, content: Any, *,
                format: str = "markdown", attachments: Iterable[str] = (),
-               in_reply_to: str | None = None, priority: str = "normal") -> SendResult:
+               in_reply_to: str | None = None, priority: str = "normal",
+               **extras: Any) -> SendResult:
         """The human highway: a person sends into any non-sealed workspace. The envelope has
         origin `human` and originator = `user_id`; it needs no send right and no matrix row,
         but is validated for structure and type like any other."""
         user = _name(user_id, "user id")
         fields = {"from": f"human:{user}", "to": to, "type": type, "content": content,
                   "format": format, "attachments": attachments, "in_reply_to": in_reply_to,
-                  "priority": priority}
+                  "priority": priority, **extras}
         return self._send([self._draft(fields, 0)], "human", user)[0]
 
     def _draft(self, fields: Mapping[str, Any], index: int) -> DraftRow:
@@ -233,14 +240,30 @@ class EnvelopeStore:
                                max_content_bytes=self.settings.max_content_bytes)
 
     def _send(self, rows: list[DraftRow], origin: str, user: str | None) -> list[SendResult]:
-        payload = json.dumps([r.row for r in rows], ensure_ascii=False)
+        # a caller-chosen id used twice in one batch: the later drafts are duplicates of the
+        # first, answered from its result
+        first: dict[str, int] = {}
+        unique = []
+        for row in rows:
+            eid = row.row["envelope_id"]
+            if eid is None or eid not in first:
+                if eid is not None:
+                    first[eid] = len(unique)
+                unique.append(row)
+        payload = json.dumps([r.row for r in unique], ensure_ascii=False)
         results = self.db.scalar(QUERIES["send"], {
             "drafts": payload, "origin": origin, "user": user, "timeout_ms": self._timeout_ms})
-        return [
-            SendResult(envelope_id=res["envelope_id"], status=res["status"],
-                       reason=res["reason"], detail=row.problem)
-            for res, row in zip(results, rows, strict=True)
-        ]
+        by_draft = dict(zip((id(r) for r in unique), results, strict=True))
+        out = []
+        for row in rows:
+            res = by_draft.get(id(row))
+            dup = res is None
+            if dup:
+                res = results[first[row.row["envelope_id"]]]
+            out.append(SendResult(envelope_id=res["envelope_id"], status=res["status"],
+                                  reason=res["reason"], detail=row.problem,
+                                  duplicate=dup or bool(res.get("duplicate"))))
+        return out
 
     # -- receiving ----------------------------------------------------------------------
 
@@ -298,10 +321,7 @@ class EnvelopeStore:
 
     def revoke_right(self, right_id: str, revoked_by: str, reason: str = "") -> dict[str, Any]:
         """A coordinator revokes a live right."""
-        try:
-            why = clean_text(reason, limit=500, what="reason")
-        except Malformed as exc:
-            raise InvalidInput(str(exc)) from None
+        why = _text(reason, "reason")
         return self.db.scalar("SELECT agentpost.revoke_right(%s, %s, %s)",
                               (_ref(right_id, "right id"), _ref(revoked_by, "revoked_by"), why))
 
@@ -320,7 +340,9 @@ class EnvelopeStore:
 
     def recover(self) -> dict[str, Any]:
         """Complete every validated-but-undelivered envelope after a crash (§7.2)."""
-        return self.db.scalar(QUERIES["recover"])
+        result = self.db.scalar(QUERIES["recover"])
+        result["rules_sent"] = self.fire_rules()["sent"]
+        return result
 
     def trail(self, *, workspace_id: str | None = None, envelope_id: str | None = None,
               event: str | None = None, after: int = 0, limit: int = 10_000) -> list[TrailEvent]:
@@ -370,20 +392,6 @@ class EnvelopeStore:
         for chain, envelope_id, status, event in cur.fetchall():
             check.gap(chain, f"envelope {envelope_id} is {status} but the trail has no "
                               f"{event} entry for it (entries were removed)")
-
-
-def _count(value: object, what: str, *, optional: bool = False) -> None:
-    """A non-negative whole number (not a bool) for limits and offsets."""
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 62:
-        raise InvalidInput(f"{what} must be a non-negative whole number")
-
-
-def _strings(values: Iterable[str], what: str) -> list[str]:
-    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
-        raise InvalidInput(f"{what} must be a list of names")
-    return list(values)
 
 
 __all__ = ["EnvelopeStore", "RejectionReason", "Status"]

@@ -3,7 +3,7 @@
 -- name: get_envelope
 SELECT id, sender, recipient, originator, type, format, content, attachments, in_reply_to,
        rights, priority, created_at, origin, status, seq, reason, delivered_at, consumed_at,
-       attempts
+       attempts, tags, headers, meta, redeliveries
   FROM agentpost.envelopes
  WHERE id = %(id)s
 
@@ -12,20 +12,20 @@ SELECT id, sender, recipient, originator, type, format, content, attachments, in
 -- envelope waits unconsumed, it holds back the rest of the inbox.
 SELECT id, sender, recipient, originator, type, format, content, attachments, in_reply_to,
        rights, priority, created_at, origin, status, seq, reason, delivered_at, consumed_at,
-       attempts
+       attempts, tags, headers, meta, redeliveries
   FROM agentpost.envelopes e
  WHERE e.recipient = %(ws)s AND e.status = 'acknowledged' AND e.consumed_at IS NULL
    AND (e.rank = 0 OR NOT EXISTS (
             SELECT 1 FROM agentpost.envelopes b
              WHERE b.recipient = %(ws)s AND b.status = 'acknowledged'
                AND b.consumed_at IS NULL AND b.rank = 0))
- ORDER BY e.rank, e.seq
+ ORDER BY e.rank, coalesce(e.queue_pos, e.seq)
  LIMIT %(limit)s
 
 -- name: queued
 SELECT id, sender, recipient, originator, type, format, content, attachments, in_reply_to,
        rights, priority, created_at, origin, status, seq, reason, delivered_at, consumed_at,
-       attempts
+       attempts, tags, headers, meta, redeliveries
   FROM agentpost.envelopes
  WHERE recipient = %(ws)s AND status = 'validated'
  ORDER BY seq
@@ -103,3 +103,94 @@ CALL agentpost.redeliver(%(timeout_ms)s, NULL)
 
 -- name: recover
 CALL agentpost.recover(NULL)
+
+-- name: lease
+SELECT id, sender, recipient, originator, type, format, content, attachments, in_reply_to,
+       rights, priority, created_at, origin, status, seq, reason, delivered_at, consumed_at,
+       attempts, tags, headers, meta, redeliveries, lease_token, leases, lease_until,
+       lease_holder
+  FROM agentpost.lease(%(ws)s, %(max)s, %(ttl_ms)s, %(holder)s)
+
+-- name: expire_leases
+CALL agentpost.expire_leases(NULL)
+
+-- name: fire_rules
+CALL agentpost.fire_rules(%(timeout_ms)s, NULL)
+
+-- name: dead_letters
+SELECT id, sender, recipient, originator, type, format, content, attachments, in_reply_to,
+       rights, priority, created_at, origin, status, seq, reason, delivered_at, consumed_at,
+       attempts, tags, headers, meta, redeliveries
+  FROM agentpost.envelopes
+ WHERE recipient = %(ws)s AND delivered_at IS NOT NULL AND status = 'undeliverable'
+ ORDER BY seq DESC
+ LIMIT %(limit)s
+
+-- name: latest_per_agent
+-- The last envelope delivered to each inbox: one probe of envelopes_delivered per workspace.
+SELECT w.id, l.*
+  FROM agentpost.workspaces w
+ CROSS JOIN LATERAL (
+        SELECT id, sender, recipient, originator, type, format, content, attachments,
+               in_reply_to, rights, priority, created_at, origin, status, seq, reason,
+               delivered_at, consumed_at, attempts, tags, headers, meta, redeliveries
+          FROM agentpost.envelopes e
+         WHERE e.recipient = w.id AND e.delivered_at IS NOT NULL
+         ORDER BY e.seq DESC
+         LIMIT 1) l
+ WHERE %(ws)s::text IS NULL OR w.id = %(ws)s
+ ORDER BY w.id
+
+-- name: inbox_stats
+-- Depth and in-flight from the inbox index; rates and enqueue -> first-lease latency from the
+-- most recent deliveries (at most %(sample)s, within %(window_s)s seconds); counters from
+-- inbox_counters.
+WITH inbox AS (
+    SELECT e.lease_token, e.lease_until
+      FROM agentpost.envelopes e
+     WHERE e.recipient = %(ws)s AND e.status = 'acknowledged' AND e.consumed_at IS NULL
+), recent AS (
+    SELECT e.created_at, e.first_leased_at
+      FROM agentpost.envelopes e
+     WHERE e.recipient = %(ws)s AND e.delivered_at IS NOT NULL
+     ORDER BY e.seq DESC
+     LIMIT %(sample)s
+), windowed AS (
+    SELECT count(*) FILTER (WHERE created_at >= now() - %(window_s)s * interval '1 second')
+               AS n_in,
+           count(*) FILTER (WHERE first_leased_at >= now() - %(window_s)s * interval '1 second')
+               AS n_out,
+           count(*) AS n,
+           min(created_at) AS oldest,
+           max(created_at) AS last_ts,
+           percentile_cont(0.5) WITHIN GROUP (
+               ORDER BY extract(epoch FROM first_leased_at - created_at) * 1000) AS p50,
+           percentile_cont(0.95) WITHIN GROUP (
+               ORDER BY extract(epoch FROM first_leased_at - created_at) * 1000) AS p95
+      FROM recent
+)
+SELECT jsonb_build_object(
+    'depth', (SELECT count(*) FROM inbox),
+    'in_flight', (SELECT count(*) FROM inbox
+                   WHERE lease_token IS NOT NULL AND lease_until > now()),
+    'delayed', (SELECT count(*) FROM inbox WHERE lease_token IS NULL AND lease_until > now()),
+    'dead_lettered', coalesce(c.dead, 0),
+    'enqueued', w.n_in, 'delivered', w.n_out,
+    'acks', coalesce(c.acks, 0), 'nacks', coalesce(c.nacks, 0),
+    'redeliveries', coalesce(c.redeliveries, 0), 'expiries', coalesce(c.expiries, 0),
+    -- over the window, or over the span of a full sample when it covers less time
+    'rate_in', round((w.n_in / greatest(0.001, CASE
+        WHEN w.n >= %(sample)s THEN least(%(window_s)s,
+                                          extract(epoch FROM now() - w.oldest))
+        ELSE %(window_s)s END))::numeric, 3),
+    'rate_out', round((w.n_out / greatest(0.001, CASE
+        WHEN w.n >= %(sample)s THEN least(%(window_s)s,
+                                          extract(epoch FROM now() - w.oldest))
+        ELSE %(window_s)s END))::numeric, 3),
+    'lat_p50_ms', round(w.p50::numeric, 3), 'lat_p95_ms', round(w.p95::numeric, 3),
+    'last_ts', w.last_ts)
+  FROM windowed w
+  LEFT JOIN agentpost.inbox_counters c ON c.workspace_id = %(ws)s
+
+-- name: rules
+SELECT definition FROM agentpost.rules ORDER BY id
