@@ -258,7 +258,8 @@ END $$;
 
 -- Acknowledge leases, all or nothing: each envelope is consumed (its trail entry says by
 -- which lease). Acking a blocking envelope reopens delivery to its inbox.
-CREATE FUNCTION agentpost.ack(p_ids text[], p_tokens uuid[]) RETURNS int
+CREATE FUNCTION agentpost.ack(p_ids text[], p_tokens uuid[], p_durable boolean)
+RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
     v_ws text[];
@@ -270,6 +271,10 @@ DECLARE
     r record;
     t_chain text[]; t_event text[]; t_env text[]; t_body jsonb[];
 BEGIN
+    -- (an ack lost in a server crash means one more delivery: see config.py)
+    IF NOT p_durable THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
     SELECT array_agg(DISTINCT e.recipient) INTO v_ws
       FROM agentpost.envelopes e WHERE e.id = ANY (p_ids);
     PERFORM agentpost._lock_chains(v_ws);
@@ -315,11 +320,15 @@ END $$;
 
 -- Give a lease back: the envelope returns to the tail of its level, leasable after the
 -- delay; the fourth return dead-letters it. Returns the envelope's status afterwards.
-CREATE FUNCTION agentpost.nack(p_id text, p_token uuid, p_delay_ms int) RETURNS text
+CREATE FUNCTION agentpost.nack(p_id text, p_token uuid, p_delay_ms int, p_durable boolean)
+RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
     v_ws text;
 BEGIN
+    IF NOT p_durable THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
     SELECT e.recipient INTO v_ws FROM agentpost.envelopes e WHERE e.id = p_id;
     IF NOT FOUND THEN
         PERFORM agentpost._fail('AP404', format('unknown envelope %L', p_id));

@@ -211,10 +211,15 @@ def build_parser() -> argparse.ArgumentParser:
         func=cmd_recover)
 
     bench = sub.add_parser("bench", help="run a benchmark and print its numbers")
-    bench.add_argument("suite", choices=["envelopes"])
+    bench.add_argument("suite", choices=["envelopes", "leases"])
     bench.add_argument("--scale", type=float, default=1.0,
                        help="multiply the number of operations measured")
     bench.set_defaults(func=cmd_bench)
+    from agentpost.gateway.cli import register as register_gateway
+    from agentpost.inbox_cli import register as register_inbox
+
+    register_inbox(sub)
+    register_gateway(sub)
     return parser
 
 

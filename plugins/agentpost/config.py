@@ -6,6 +6,12 @@
 | AGENTPOST_TRAIL_KEY | HMAC key that signs the trail | a development key, with a warning |
 | AGENTPOST_ACK_TIMEOUT | base acknowledgment timeout in seconds (WACP §7.1) | 2.0 |
 | AGENTPOST_MAX_CONTENT_BYTES | largest payload accepted | 1048576 |
+| AGENTPOST_DURABLE_ACKS | commit acks and nacks synchronously (1) or not (0) | 0 |
+
+Acks and nacks commit asynchronously by default: a server crash can lose the last few
+hundred milliseconds of them, and what was lost is delivered again, which at-least-once
+delivery allows. Leases and heartbeats always commit durably, because losing one could hand
+an envelope to a second consumer while the first still works on it.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ class Settings(BaseModel):
     trail_key: str = DEVELOPMENT_TRAIL_KEY
     ack_timeout: float = Field(default=2.0, gt=0, le=3600)
     max_content_bytes: int = Field(default=DEFAULT_MAX_CONTENT_BYTES, gt=0, le=256 << 20)
+    durable_acks: bool = False
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -42,6 +49,8 @@ class Settings(BaseModel):
             values["ack_timeout"] = env["AGENTPOST_ACK_TIMEOUT"]
         if env.get("AGENTPOST_MAX_CONTENT_BYTES"):
             values["max_content_bytes"] = env["AGENTPOST_MAX_CONTENT_BYTES"]
+        if env.get("AGENTPOST_DURABLE_ACKS"):
+            values["durable_acks"] = env["AGENTPOST_DURABLE_ACKS"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         try:
             settings = cls(**values)

@@ -75,10 +75,11 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
 
     def __init__(self, dsn: str | None = None, *, settings: Settings | None = None,
                  trail_key: str | None = None, ack_timeout: float | None = None,
-                 max_content_bytes: int | None = None, pool_size: int = 4) -> None:
+                 max_content_bytes: int | None = None, durable_acks: bool | None = None,
+                 pool_size: int = 4) -> None:
         self.settings = settings or Settings.from_env(
             dsn=dsn, trail_key=trail_key, ack_timeout=ack_timeout,
-            max_content_bytes=max_content_bytes)
+            max_content_bytes=max_content_bytes, durable_acks=durable_acks)
         self.dsn = self.settings.require_dsn()
         self._key = self.settings.trail_key.encode("utf-8")
         self.db = Database(self.dsn, self._key, pool_size=pool_size)

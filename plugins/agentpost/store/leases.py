@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from agentpost.config import Settings
 from agentpost.protocol.errors import InvalidInput
 from agentpost.protocol.leases import Lease, make_token, split_token
 from agentpost.protocol.models import Envelope
@@ -51,6 +52,7 @@ class LeaseOps:
     """The lease half of EnvelopeStore (mixed in; needs `db`, `_ref` and `_envelope_row`)."""
 
     db: Database
+    settings: Settings
 
     def _envelope_row(self, row: Sequence[Any]) -> Envelope:  # pragma: no cover - mixin
         raise NotImplementedError
@@ -89,7 +91,8 @@ class LeaseOps:
         ids, uuids = _tokens(tokens)
         if not ids:
             return 0
-        return self.db.scalar("SELECT agentpost.ack(%s, %s::uuid[])", (ids, uuids))
+        return self.db.scalar("SELECT agentpost.ack(%s, %s::uuid[], %s)",
+                              (ids, uuids, self.settings.durable_acks))
 
     def nack(self, token: str, delay: float = 0) -> Envelope:
         """Give a lease back: the envelope returns to the tail of its priority level, to be
@@ -97,8 +100,8 @@ class LeaseOps:
         `undeliverable`, reason `redelivery_exhausted`, a `failed` signal to its sender)."""
         envelope_id, lease_uuid = split_token(token)
         delay_ms = _seconds(delay, "delay", allow_zero=True)
-        self.db.scalar("SELECT agentpost.nack(%s, %s::uuid, %s)",
-                       (envelope_id, lease_uuid, delay_ms))
+        self.db.scalar("SELECT agentpost.nack(%s, %s::uuid, %s, %s)",
+                       (envelope_id, lease_uuid, delay_ms, self.settings.durable_acks))
         return self.get(envelope_id)  # type: ignore[attr-defined]
 
     def heartbeat(self, token: str, ttl: float = 30.0) -> datetime:
