@@ -50,6 +50,8 @@ class Subscriber:
         arrive. Returns [] when the credit is 0 (nothing is pushed without credit) or when
         nothing arrived in time."""
         deadline = time.monotonic() + max(0.0, timeout)
+        if self.credit > 0:
+            self.listener.connect()
         while self.credit > 0:
             leases = self.store.lease(self.workspace_id, max=self.credit, ttl=self.ttl,
                                       holder=self.holder)
@@ -60,7 +62,10 @@ class Subscriber:
             left = deadline - time.monotonic()
             if left <= 0:
                 return []
-            self.listener.wait(min(left, self.poll_interval))
+            # nothing announces a lease running out or a nack's delay ending: wake for it
+            due = self.store.next_due(self.workspace_id)
+            self.listener.wait(min(left, self.poll_interval,
+                                   self.poll_interval if due is None else due + 0.005))
         return []
 
     def ack(self, lease: Lease | str) -> None:

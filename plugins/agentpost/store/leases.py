@@ -111,6 +111,11 @@ class LeaseOps:
         return self.db.scalar("SELECT agentpost.heartbeat(%s, %s::uuid, %s)",
                               (envelope_id, lease_uuid, ttl_ms))
 
+    def next_due(self, workspace_id: str) -> float | None:
+        """Seconds until the next envelope of this inbox becomes leasable again by time
+        alone (a lease running out, a nack's delay ending); None when nothing waits so."""
+        return self.db.scalar(QUERIES["next_due"], {"ws": _ref(workspace_id, "workspace id")})
+
     def expire_leases(self) -> dict[str, Any]:
         """Return every expired lease in every inbox (each one counted, the exhausted ones
         dead-lettered). Leasing does this for its own inbox; run this to keep stats honest

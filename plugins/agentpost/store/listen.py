@@ -37,6 +37,11 @@ class Listener:
         self._pending: set[str] = set()
         self.reconnects = 0
 
+    def connect(self) -> bool:
+        """Start listening now (a waiter should listen before its first check of the store,
+        or a delivery between the check and the first wait goes unnoticed)."""
+        return self._connection() is not None
+
     def _connection(self) -> psycopg2.extensions.connection | None:
         if self._conn is not None and not self._conn.closed:
             return self._conn

@@ -194,3 +194,10 @@ SELECT jsonb_build_object(
 
 -- name: rules
 SELECT definition FROM agentpost.rules ORDER BY id
+
+-- name: next_due
+-- Seconds until the earliest lease expiry or end of a nack delay in an inbox.
+SELECT greatest(0, extract(epoch FROM min(e.lease_until) - clock_timestamp()))::float8
+  FROM agentpost.envelopes e
+ WHERE e.recipient = %(ws)s AND e.status = 'acknowledged' AND e.consumed_at IS NULL
+   AND e.lease_until IS NOT NULL
