@@ -67,16 +67,21 @@ class Listener:
             if self.only is None or note.payload in self.only:
                 self._pending.add(note.payload)
 
+    def _ready(self, conn: psycopg2.extensions.connection | None) -> set[str]:
+        """What was notified so far (and forget it)."""
+        if conn is not None:
+            self._drain(conn)
+        out, self._pending = self._pending, set()
+        return out
+
     def wait(self, timeout: float) -> set[str]:
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             conn = self._connection()
             try:
-                if conn is not None:
-                    self._drain(conn)
-                if self._pending:
-                    out, self._pending = self._pending, set()
-                    return out
+                ready = self._ready(conn)
+                if ready:
+                    return ready
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return set()
@@ -118,11 +123,9 @@ class AsyncListener(Listener):
             conn = await loop.run_in_executor(None, self._connection) if (
                 self._conn is None or self._conn.closed) else self._conn
             try:
-                if conn is not None:
-                    self._drain(conn)
-                if self._pending:
-                    out, self._pending = self._pending, set()
-                    return out
+                ready = self._ready(conn)
+                if ready:
+                    return ready
                 left = deadline - loop.time()
                 if left <= 0:
                     return set()
