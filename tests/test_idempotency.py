@@ -9,11 +9,11 @@ import os
 from typing import Any
 
 import pytest
-from tests.dbtools import query
 
 from agentpost.protocol.errors import Conflict, InvalidInput
 from agentpost.protocol.leases import to_courier
 from agentpost.store import EnvelopeStore
+from dbtools import query
 
 
 def _world(store: EnvelopeStore) -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import time
 
-from tests.test_cli import agentpost, assert_one_line_error
-
 from agentpost.store import EnvelopeStore
+from test_cli import agentpost, assert_one_line_error
 
 
 def _world(store: EnvelopeStore) -> None:

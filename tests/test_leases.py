@@ -754,3 +754,26 @@ def test_random_interleavings_keep_the_lease_invariants(dsn: str) -> None:
 
         run()
         assert_trail_ok(store)
+
+
+def test_leasable_counts_what_lease_would_take(store: EnvelopeStore) -> None:
+    """`leasable(ws)` (what the Airflow trigger counts) follows lease()'s own conditions:
+    live leases and nack delays are not counted, the blocking gate holds, and a lease that
+    ran out counts again."""
+    topology(store)
+    fill(store, "w1", 3)
+    assert store.leasable("w1") == 3
+    [held] = store.lease("w1", max=1, ttl=SHORT_TTL)
+    assert store.leasable("w1") == 2
+    [delayed] = store.lease("w1", max=1, ttl=LONG_TTL)
+    store.nack(delayed.token, delay=LONG_TTL)
+    assert store.leasable("w1") == 1
+    send(store, "w1", "gate", priority="blocking")
+    assert store.leasable("w1") == 1  # only the blocking one while it waits
+    time.sleep(SHORT_TTL + 0.1)
+    assert store.leasable("w1") == 1  # the expired normal one is behind the gate
+    [gate] = store.lease("w1", max=5, ttl=LONG_TTL)
+    assert gate.envelope.priority == "blocking"
+    store.ack(gate.token)
+    assert store.leasable("w1") == 2  # the returned lease and the untouched envelope
+    assert held.envelope_id in [x.envelope_id for x in store.lease("w1", max=5)]

@@ -8,10 +8,10 @@ import json
 from typing import Any
 
 import pytest
-from tests.test_cli import agentpost, assert_one_line_error
 
 from agentpost.protocol.errors import Conflict, InvalidInput, NotFound
 from agentpost.store import EnvelopeStore
+from test_cli import agentpost, assert_one_line_error
 
 
 def _world(store: EnvelopeStore) -> None:

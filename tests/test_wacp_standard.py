@@ -410,7 +410,7 @@ def test_standard_redelivery_on_recovery(store: EnvelopeStore, dsn: str) -> None
     assert acks(store, "coord") == []
 
     result = store.recover()
-    assert result == {"delivered": 1, "undeliverable": 0, "still_queued": 0}
+    assert result == {"delivered": 1, "undeliverable": 0, "still_queued": 0, "rules_sent": 0}
     assert_delivered_once(store, "coord", "w1", gap)
     assert ids(store.inbox("w1")) == gap
 

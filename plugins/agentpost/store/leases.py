@@ -111,6 +111,13 @@ class LeaseOps:
         return self.db.scalar("SELECT agentpost.heartbeat(%s, %s::uuid, %s)",
                               (envelope_id, lease_uuid, ttl_ms))
 
+    def leasable(self, workspace_id: str) -> int:
+        """How many envelopes `lease` could take from this inbox now (the blocking gate
+        holds; a lease that ran out counts, since `lease` returns it first)."""
+        ws = _ref(workspace_id, "workspace id")
+        self.workspace(ws)  # type: ignore[attr-defined]  # unknown inbox -> NotFound
+        return self.db.scalar(QUERIES["leasable"], {"ws": ws})
+
     def next_due(self, workspace_id: str) -> float | None:
         """Seconds until the next envelope of this inbox becomes leasable again by time
         alone (a lease running out, a nack's delay ending); None when nothing waits so."""

@@ -1,0 +1,158 @@
+"""The Airflow hook over an ``agentpost`` connection: where the envelope store lives.
+
+Tasks cannot use Airflow's metadata ORM, and the store is a database of its own, so a task,
+sensor or trigger reaches it through a Connection of type ``agentpost`` (host, port, login,
+password, schema = database name), read through the Task SDK (``BaseHook.get_connection``,
+which asks the worker's supervisor or the configured secrets backends). Two keys of the
+connection's extra are understood:
+
+- ``dsn``: a complete libpq DSN or URI, used as is (for options the fields cannot express);
+- ``trail_key``: the HMAC key that signs the trail (else AGENTPOST_TRAIL_KEY).
+
+Other libpq options (``sslmode``, ``connect_timeout``, ...) in the extra become query
+parameters of the DSN. When the connection is not defined at all, the hook falls back to
+AGENTPOST_DSN, so a deployment configured for the CLI works in Airflow unchanged.
+
+The connection form's labels and placeholders are declared in the provider info
+(``ui-field-behaviour``), not here: hook methods for them are deprecated since Airflow 3.2.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from agentpost.protocol.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from airflow.sdk import Connection
+
+    from agentpost.store import EnvelopeStore
+
+#: extra keys passed through to libpq as URI query parameters
+LIBPQ_OPTIONS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout",
+                 "application_name", "options", "target_session_attrs")
+
+
+@dataclass(frozen=True)
+class StoreTarget:
+    """Where the store is and how to sign the trail: what a store needs to open."""
+
+    dsn: str = field(repr=False)  # carries the password
+    trail_key: str | None = field(default=None, repr=False)
+    source: str = "connection"
+
+    def open(self) -> EnvelopeStore:
+        from agentpost.store import EnvelopeStore
+
+        return EnvelopeStore(self.dsn, trail_key=self.trail_key)
+
+
+def _host(host: str) -> str:
+    """A host as it must appear in a URI: socket directories percent-encoded, IPv6 in
+    brackets."""
+    if host.startswith("/"):
+        return quote(host, safe="")
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]"
+    return quote(host, safe=".-_~")
+
+
+def dsn_from_connection(conn: Connection, extra: dict[str, Any]) -> str:
+    """A ``postgresql://`` DSN from a connection's fields (or its extra's ``dsn``)."""
+    if extra.get("dsn"):
+        return str(extra["dsn"])
+    if not conn.host:
+        raise ConfigurationError(
+            f"connection {conn.conn_id!r} has no host (and no 'dsn' in its extra)")
+    auth = ""
+    if conn.login:
+        auth = quote(conn.login, safe="")
+        if conn.password:
+            auth += ":" + quote(conn.password, safe="")
+        auth += "@"
+    port = f":{int(conn.port)}" if conn.port else ""
+    database = "/" + quote(conn.schema, safe="") if conn.schema else ""
+    options = {k: str(extra[k]) for k in LIBPQ_OPTIONS if extra.get(k) not in (None, "")}
+    query = "?" + urlencode(options) if options else ""
+    return f"postgresql://{auth}{_host(conn.host)}{port}{database}{query}"
+
+
+def _from_environment(conn_id: str) -> StoreTarget:
+    dsn = os.environ.get("AGENTPOST_DSN")
+    if not dsn:
+        raise ConfigurationError(
+            f"no agentpost store: connection {conn_id!r} is not defined and AGENTPOST_DSN is "
+            "not set")
+    return StoreTarget(dsn=dsn, trail_key=None, source="AGENTPOST_DSN")
+
+
+class AgentpostHook(BaseHook):
+    """Opens the agentpost envelope store named by an Airflow connection.
+
+    :param agentpost_conn_id: the connection (type ``agentpost``); when it does not exist,
+        AGENTPOST_DSN is used instead.
+    """
+
+    conn_name_attr = "agentpost_conn_id"
+    default_conn_name = "agentpost_default"
+    conn_type = "agentpost"
+    hook_name = "agentpost"
+
+    def __init__(self, agentpost_conn_id: str = default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.agentpost_conn_id = agentpost_conn_id
+        self._target: StoreTarget | None = None
+
+    # -- resolution -----------------------------------------------------------------------
+
+    def get_target(self) -> StoreTarget:
+        """The store's DSN and trail key (resolved once per hook)."""
+        if self._target is None:
+            try:
+                conn = self.get_connection(self.agentpost_conn_id)
+            except AirflowNotFoundException:
+                self._target = _from_environment(self.agentpost_conn_id)
+            else:
+                self._target = self._target_of(conn, conn.extra_dejson)
+        return self._target
+
+    async def aget_target(self) -> StoreTarget:
+        """The same from async code (a trigger): the SDK's sync calls would block the
+        triggerer's event loop or deadlock on its supervisor channel."""
+        if self._target is None:
+            try:
+                conn = await self.aget_connection(self.agentpost_conn_id)
+            except AirflowNotFoundException:
+                self._target = _from_environment(self.agentpost_conn_id)
+            else:
+                self._target = self._target_of(conn, await conn.aextra_dejson())
+        return self._target
+
+    @staticmethod
+    def _target_of(conn: Connection, extra: dict[str, Any]) -> StoreTarget:
+        key = extra.get("trail_key")
+        return StoreTarget(dsn=dsn_from_connection(conn, extra),
+                           trail_key=str(key) if key else None)
+
+    def get_dsn(self) -> str:
+        """The store's DSN: from the connection, else AGENTPOST_DSN."""
+        return self.get_target().dsn
+
+    async def aget_dsn(self) -> str:
+        return (await self.aget_target()).dsn
+
+    # -- the store ------------------------------------------------------------------------
+
+    def get_store(self) -> EnvelopeStore:
+        """A new EnvelopeStore on the connection's database; the caller closes it."""
+        return self.get_target().open()
+
+    def get_conn(self) -> EnvelopeStore:
+        """BaseHook's name for `get_store`."""
+        return self.get_store()
