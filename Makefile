@@ -35,8 +35,11 @@ demo: venv
 	$(BIN)/agentpost demo
 
 bench: venv
+	# the lease benchmark compares with Procrastinate: the `bench` extra brings it
+	$(UV_INSTALL) --constraints constraints.txt procrastinate
 	$(BIN)/agentpost bench envelopes
+	$(BIN)/agentpost bench leases
 
 # Re-resolve the full lock after changing dependencies in pyproject.toml.
 constraints: venv
-	$(BIN)/uv pip compile pyproject.toml --extra dev --python-version 3.11 -o constraints.txt
+	$(BIN)/uv pip compile pyproject.toml --extra dev --extra bench --python-version 3.11 -o constraints.txt

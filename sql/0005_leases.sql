@@ -187,8 +187,16 @@ DECLARE
     t_chain text[]; t_event text[]; t_env text[]; t_body jsonb[];
 BEGIN
     PERFORM agentpost._check_workspace(p_ws);
-    SELECT array_agg(e.id) INTO v_expired FROM agentpost.envelopes e
-     WHERE e.recipient = p_ws AND e.lease_token IS NOT NULL AND e.lease_until <= now();
+    -- (a plain index probe first: it marks the dead index entries of finished leases as it
+    -- passes them, which a bitmap scan never does, so the common "nothing expired" stays
+    -- cheap between vacuums)
+    IF EXISTS (SELECT 1 FROM agentpost.envelopes e
+                WHERE e.recipient = p_ws AND e.lease_token IS NOT NULL
+                  AND e.lease_until <= now()
+                ORDER BY e.lease_until LIMIT 1) THEN
+        SELECT array_agg(e.id) INTO v_expired FROM agentpost.envelopes e
+         WHERE e.recipient = p_ws AND e.lease_token IS NOT NULL AND e.lease_until <= now();
+    END IF;
     IF v_expired IS NOT NULL THEN
         PERFORM agentpost._lock_parties(ARRAY[p_ws], v_expired);
         PERFORM agentpost._return_leases(v_expired, true, 0);
@@ -230,8 +238,8 @@ BEGIN
     END IF;
     PERFORM agentpost._trail_write(t_chain, t_event, t_env, t_body, true);
     PERFORM agentpost._count(p_ws, cardinality(v_ids), 0, 0, 0, 0, 0);
-    RETURN QUERY SELECT e.* FROM unnest(v_ids) WITH ORDINALITY AS x(id, k)
-                   JOIN agentpost.envelopes e ON e.id = x.id ORDER BY x.k;
+    RETURN QUERY SELECT e.* FROM agentpost.envelopes e WHERE e.id = ANY (v_ids)
+                  ORDER BY array_position(v_ids, e.id);
 END $$;
 
 -- Why a token does not name a live lease: unknown envelope (AP404) or stale (APL09).
@@ -286,7 +294,8 @@ BEGIN
         UPDATE agentpost.envelopes e
            SET consumed_at = clock_timestamp(), lease_token = NULL, lease_until = NULL
           FROM t
-         WHERE e.id = t.id AND e.lease_token = t.tok AND e.lease_until > clock_timestamp()
+         WHERE e.id = ANY (p_ids) AND e.id = t.id AND e.lease_token = t.tok
+           AND e.lease_until > clock_timestamp()
            AND e.status = 'acknowledged' AND e.consumed_at IS NULL
         RETURNING e.id, e.seq, e.recipient, e.rank, e.leases, e.lease_holder
     )

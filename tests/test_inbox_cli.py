@@ -44,3 +44,14 @@ def test_cli_expire_and_dead_letters(dsn: str, store: EnvelopeStore) -> None:
     dead = agentpost(dsn, "dead-letters", "w1").json()
     assert [d["reason"] for d in dead] == ["redelivery_exhausted"] * 3
     assert_one_line_error(agentpost(dsn, "lease", "w1", "--ttl", "0"), 2)
+
+
+def test_cli_maintain_expires_and_vacuums(dsn: str, store: EnvelopeStore) -> None:
+    """`agentpost maintain` returns expired leases (counted as redeliveries) and analyzes."""
+    _world(store)
+    assert agentpost(dsn, "lease", "w1", "--max", "3", "--ttl", "0.05").code == 0
+    time.sleep(0.1)
+    done = agentpost(dsn, "maintain").json()
+    assert done["leases"] == {"expired": 3, "inboxes": 1}
+    assert "envelopes" in done["vacuumed"]
+    assert store.stats("w1").redeliveries == 3

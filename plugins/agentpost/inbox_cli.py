@@ -1,5 +1,5 @@
 """The `agentpost` commands that consume inboxes and manage on-insert rules:
-``lease``, ``ack``, ``nack``, ``expire``, ``dead-letters``, ``stats``, ``latest`` and
+``lease``, ``ack``, ``nack``, ``expire``, ``maintain``, ``dead-letters``, ``stats``, ``latest`` and
 ``rule add|list|remove|enable|disable``. Registered by agentpost.cli."""
 
 from __future__ import annotations
@@ -45,6 +45,13 @@ def cmd_expire(args: argparse.Namespace) -> int:
     cli = _cli()
     with cli._store(args) as store:
         cli._print_json(store.expire_leases())
+    return 0
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    cli = _cli()
+    with cli._store(args) as store:
+        cli._print_json(store.maintain(vacuum=not args.no_vacuum))
     return 0
 
 
@@ -124,6 +131,10 @@ def register(sub: Any) -> None:
     nack.set_defaults(func=cmd_ack)
 
     sub.add_parser("expire", help="return every expired lease").set_defaults(func=cmd_expire)
+    maintain = sub.add_parser("maintain", help="expire leases, retry deliveries, send rule "
+                                               "firings, VACUUM ANALYZE (schedule it)")
+    maintain.add_argument("--no-vacuum", action="store_true")
+    maintain.set_defaults(func=cmd_maintain)
     dead = sub.add_parser("dead-letters", help="list an inbox's dead-lettered envelopes")
     dead.add_argument("workspace")
     dead.add_argument("--limit", type=int, default=100)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-SUITES: dict[str, str] = {"envelopes": "agentpost.benchmarks.envelopes"}
+SUITES: dict[str, str] = {"envelopes": "agentpost.benchmarks.envelopes",
+                          "leases": "agentpost.benchmarks.leases"}
 
 
 def run_benchmark(suite: str, *, dsn: str | None = None, scale: float = 1.0) -> int:

@@ -66,6 +66,10 @@ def _workspace(row: Sequence[Any]) -> Workspace:
                      created_at=created_at, updated_at=updated_at)
 
 
+#: tables whose rows are updated or deleted on hot paths (queue indexes, counters, outbox)
+_BUSY_TABLES = ("envelopes", "inbox_counters", "rule_outbox", "signals", "trail")
+
+
 class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
     """WACP envelopes, workspaces, port rights and the signed trail, on Postgres; leases,
     rules and views of the inboxes (Courier) in the mixins."""
@@ -343,6 +347,20 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
         """Complete every validated-but-undelivered envelope after a crash (§7.2)."""
         result = self.db.scalar(QUERIES["recover"])
         result["rules_sent"] = self.fire_rules()["sent"]
+        return result
+
+    def maintain(self, *, vacuum: bool = True) -> dict[str, Any]:
+        """The periodic housekeeping in one call: return expired leases, retry due
+        deliveries, send what rules queued, then VACUUM ANALYZE the store's busy tables.
+        The last step stands in for autovacuum where it is off (the store's queue indexes
+        and cached plans degrade without it); with autovacuum on it is cheap."""
+        result = {"leases": self.expire_leases(), "deliveries": self.redeliver(),
+                  "rules": self.fire_rules(), "vacuumed": []}
+        if vacuum:
+            with self.db.cursor() as cur:
+                for table in _BUSY_TABLES:
+                    cur.execute(f"VACUUM (ANALYZE) agentpost.{table}")
+                    result["vacuumed"].append(table)
         return result
 
     def trail(self, *, workspace_id: str | None = None, envelope_id: str | None = None,
