@@ -92,7 +92,8 @@ def gateway(store: EnvelopeStore) -> Iterator[Served]:
 @pytest.fixture(scope="module")
 def admin(tokens: TokenStore) -> str:
     """A secret with every scope."""
-    return tokens.create("admin", ["streams:*:enqueue", "streams:*:subscribe", "views:*:read",
+    return tokens.create("admin", ["streams:*:enqueue", "senders:*:send",
+                                   "streams:*:subscribe", "views:*:read",
                                    "stats:*:read"])[1]
 
 
@@ -268,7 +269,7 @@ def test_enqueue_without_a_valid_token_is_401(client: httpx.Client, tokens: Toke
     assert_error(client.post("/v1/enqueue", json=body, headers=auth("apgw_" + "x" * 43)), 401)
     assert_error(client.post("/v1/enqueue", json=body,
                              headers={"Authorization": "Basic dXNlcjpwdw=="}), 401)
-    info, secret = tokens.create("short-lived", ["streams:*:enqueue"])
+    info, secret = tokens.create("short-lived", ["streams:*:enqueue", "senders:*:send"])
     assert client.post("/v1/enqueue", json=body, headers=auth(secret)).status_code == 200
     tokens.revoke(info.id)
     assert_error(client.post("/v1/enqueue", json={"to": world.inbox,
@@ -280,15 +281,35 @@ def test_scopes_limit_streams_and_actions(client: httpx.Client, tokens: TokenSto
                                           world: World, store: EnvelopeStore) -> None:
     """Courier §12: `streams:<pattern>:enqueue` grants enqueueing to matching streams only;
     a subscribe or view scope does not grant it -> 403."""
-    _, only_here = tokens.create("one-stream", [f"streams:{world.inbox}:enqueue"])
+    _, only_here = tokens.create("one-stream", [f"streams:{world.inbox}:enqueue",
+                                                f"senders:{world.boss}:send"])
     _, subscriber = tokens.create("subscriber", ["streams:*:subscribe", "views:*:read"])
     other = store.create_workspace("worker", parent=world.boss).id
     assert enqueue(client, only_here, world.inbox, courier(world.boss)).status_code == 200
     assert "lacks" in assert_error(
         enqueue(client, only_here, f"agents/{other}/inbox", courier(world.boss)), 403)
     assert_error(enqueue(client, subscriber, world.inbox, courier(world.boss)), 403)
-    _, pattern = tokens.create("pattern", ["streams:agents/w-*/inbox:enqueue"])
+    _, pattern = tokens.create("pattern", ["streams:agents/w-*/inbox:enqueue", "senders:*:send"])
     assert enqueue(client, pattern, world.inbox, courier(world.boss)).status_code == 200
+
+
+def test_senders_scope_limits_whom_an_enqueue_may_speak_for(
+        client: httpx.Client, tokens: TokenStore, world: World, store: EnvelopeStore) -> None:
+    """Courier §12 capability tokens: `senders:<pattern>:send` says which workspaces (or
+    human:<user>) a token may name in `from`; a stream scope alone does not let a caller
+    speak for anyone, and a refusal sends nothing."""
+    _, no_sender = tokens.create("no-sender", ["streams:*:enqueue"])
+    _, as_human = tokens.create("as-human", ["streams:*:enqueue", "senders:human:*:send"])
+    _, as_boss = tokens.create("as-boss", ["streams:*:enqueue", f"senders:{world.boss}:send"])
+    env = courier(world.boss)
+    assert "lacks" in assert_error(enqueue(client, no_sender, world.inbox, env), 403)
+    assert "lacks" in assert_error(enqueue(client, as_human, world.inbox, env), 403)
+    outbox = dict(env, **{"from": f"agents/{world.boss}/outbox"})
+    assert "lacks" in assert_error(enqueue(client, as_human, world.inbox, outbox), 403)
+    assert store.inbox(world.worker) == []
+    assert enqueue(client, as_human, world.inbox, courier("human:dana")).status_code == 200
+    assert enqueue(client, as_boss, world.inbox, outbox).status_code == 200
+    assert sorted(e.from_ for e in store.inbox(world.worker)) == [world.boss, "human:dana"]
 
 
 def test_tokens_are_hashed_at_rest(tokens: TokenStore, module_dsn: str) -> None:
@@ -640,7 +661,7 @@ def test_stream_bucket_429(store: EnvelopeStore, tokens: TokenStore, admin: str,
     streams are unaffected."""
     other = store.create_workspace("worker", parent=world.boss).id
     app = create_app(store, stream_rate=0.01, stream_burst=1)
-    _, second = tokens.create("second", ["streams:*:enqueue"])
+    _, second = tokens.create("second", ["streams:*:enqueue", "senders:*:send"])
     with Served(app) as served, httpx.Client(base_url=served.http, timeout=WAIT,
                                              trust_env=False) as c:
         assert enqueue(c, admin, world.inbox, courier(world.boss)).status_code == 200

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -77,6 +78,16 @@ def parse_enqueue(body: Any) -> tuple[object, dict[str, Any]]:
     return body.get("to", envelope.get("to")), envelope
 
 
+def sender_of(envelope: dict[str, Any]) -> str | None:
+    """The workspace (or human:<user>) an envelope names as its sender, as the store reads
+    it: the token must be allowed to send as it, or any token could speak for anyone."""
+    sender = envelope.get("from")
+    if not isinstance(sender, str):
+        return None
+    match = re.match(r"^agents/([^/]+)/(?:outbox|inbox)$", sender)
+    return match.group(1) if match else sender
+
+
 def _host(request: Request | WebSocket) -> str | None:
     return request.client.host if request.client else None
 
@@ -88,6 +99,9 @@ def _routes(app: FastAPI, gw: Gateway) -> None:
         to, envelope = parse_enqueue(await read_json(request, gw.config.max_body_bytes))
         stream, _ = canonical_stream(to)
         gw.require(who, "streams", stream, "enqueue")
+        sender = sender_of(envelope)
+        if sender is not None:  # (a missing or odd `from` is the store's 400)
+            gw.require(who, "senders", sender, "send")
         await gw.existing_stream(stream)
         gw.limit_stream(stream)
         result = await gw.call(gw.store.enqueue, stream, envelope)

@@ -33,11 +33,14 @@ from agentpost.store.checks import name as _name
 #: what each kind of scope can grant
 ACTIONS: dict[str, frozenset[str]] = {
     "streams": frozenset({"enqueue", "subscribe"}),
+    # whom an enqueue may name in `from`: a workspace id, or human:<user>
+    "senders": frozenset({"send"}),
     "views": frozenset({"read"}),
     "stats": frozenset({"read"}),
 }
 #: every right there is (what the localhost mode grants)
-ALL_SCOPES = ("streams:*:enqueue", "streams:*:subscribe", "views:*:read", "stats:*:read")
+ALL_SCOPES = ("streams:*:enqueue", "senders:*:send", "streams:*:subscribe", "views:*:read",
+              "stats:*:read")
 
 SECRET_PREFIX = "apgw_"
 MAX_SCOPES = 50
