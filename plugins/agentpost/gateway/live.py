@@ -20,7 +20,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from agentpost.gateway.core import Gateway
 from agentpost.gateway.errors import GatewayError, from_exception
 from agentpost.gateway.hub import EVERYTHING, Watch
-from agentpost.gateway.subscribe import Socket, run_tasks
+from agentpost.gateway.subscribe import Socket, accept, run_tasks
 from agentpost.gateway.tokens import TokenInfo
 from agentpost.protocol.errors import AgentpostError
 from agentpost.protocol.leases import stream_of, to_courier
@@ -114,11 +114,9 @@ class LiveSession:
 
 async def serve_live(gw: Gateway, websocket: WebSocket) -> None:
     """Open a live view (auth, scope, view), then follow it until the client leaves."""
-    await websocket.accept()
-    socket = Socket(websocket)
+    socket, authenticating = await accept(gw, websocket)
     try:
-        host = websocket.client.host if websocket.client else None
-        who = await gw.authenticate(websocket.headers.get("authorization"), host)
+        who = await authenticating
         view = checked_view(gw, who, websocket.query_params.get("view"))
     except Exception as exc:
         await socket.refuse(exc)

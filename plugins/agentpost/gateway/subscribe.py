@@ -286,13 +286,19 @@ def _nack_all(store: Any, tokens: list[str]) -> None:
             log.info("lease not returned on close (it will expire): %s", exc)
 
 
+async def accept(gw: Gateway, websocket: WebSocket) -> tuple[Socket, Any]:
+    """Accept the handshake (so that a refusal can be a §11 error frame) and authenticate;
+    the caller refuses on the socket whatever this raises."""
+    await websocket.accept()
+    host = websocket.client.host if websocket.client else None
+    return Socket(websocket), gw.authenticate(websocket.headers.get("authorization"), host)
+
+
 async def serve_subscribe(gw: Gateway, websocket: WebSocket) -> None:
     """Open a subscription (auth, scope, stream, ttl), then run it until the client leaves."""
-    await websocket.accept()
-    socket = Socket(websocket)
+    socket, authenticating = await accept(gw, websocket)
     try:
-        host = websocket.client.host if websocket.client else None
-        who = await gw.authenticate(websocket.headers.get("authorization"), host)
+        who = await authenticating
         stream, _ = canonical_stream(websocket.query_params.get("stream"))
         gw.require(who, "streams", stream, "subscribe")
         _, workspace = await gw.existing_stream(stream)
