@@ -67,9 +67,11 @@ def translate(exc: psycopg2.Error) -> AgentpostError:
 class Database:
     """Pooled access to one Postgres database."""
 
-    def __init__(self, dsn: str, trail_key: bytes, *, pool_size: int = 4) -> None:
+    def __init__(self, dsn: str, trail_key: bytes | None, *, pool_size: int = 4) -> None:
+        """``trail_key`` None: sessions that never sign trail entries (the mark space); a
+        trail write on them fails for want of the key instead of signing with a wrong one."""
         self.dsn = dsn
-        self._pads = tuple(p.hex() for p in key_pads(trail_key))
+        self._pads = None if trail_key is None else tuple(p.hex() for p in key_pads(trail_key))
         self._engine = create_engine(
             "postgresql+psycopg2://", creator=self._connect, poolclass=QueuePool,
             pool_size=pool_size, max_overflow=16, pool_reset_on_return=None)
@@ -84,11 +86,13 @@ class Database:
             # The server-side steps run the same short statements over and over with
             # different parameters: generic plans, planned once per session, beat re-planning
             # each call, and compiling them (JIT) never pays off.
-            cur.execute("SELECT set_config('agentpost.mac_ipad', %s, false),"
-                        " set_config('agentpost.mac_opad', %s, false),"
+            pads = ("" if self._pads is None else
+                    "set_config('agentpost.mac_ipad', %s, false),"
+                    " set_config('agentpost.mac_opad', %s, false),")
+            cur.execute(f"SELECT {pads}"
                         " set_config('plan_cache_mode', 'force_generic_plan', false),"
                         " set_config('jit', 'off', false)",
-                        self._pads)
+                        self._pads or ())
         return conn
 
     @contextmanager

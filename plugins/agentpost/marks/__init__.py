@@ -1,0 +1,135 @@
+"""agentpost.marks: Markspace coordination (../shared/seeds/markspace-spec.md).
+
+The DSL of spec §12.1, the spaces, and the functions and classes the spec names are
+re-exported here, so code written against the spec's examples runs with
+`from agentpost.marks import ...`.
+
+core, space, compose and schedule are imported eagerly. The guard, the defences, telemetry and
+the Postgres backend load on first use (PEP 562 `__getattr__`): importing the package stays
+cheap (no psycopg2 for in-memory users) and a module never waits on one it does not need.
+"""
+
+from importlib import import_module
+from typing import Any
+
+from agentpost.marks.compose import validate_manifest_permissions, validate_pipeline
+from agentpost.marks.core import (
+    Action,
+    Agent,
+    AgentManifest,
+    ConflictPolicy,
+    DecayConfig,
+    FrozenDict,
+    FrozenList,
+    Intent,
+    InvalidArgument,
+    InvalidMark,
+    ManifestOutput,
+    Mark,
+    MarkspaceError,
+    MarkType,
+    MarkValidationError,
+    Need,
+    NeedCluster,
+    Observation,
+    Scope,
+    ScopeRateLimit,
+    ScopeVisibility,
+    Severity,
+    Source,
+    TokenBudget,
+    UnauthorizedWrite,
+    UnknownMark,
+    UnknownScope,
+    Warning,
+    WatchPattern,
+    compute_strength,
+    effective_strength,
+    effective_strength_with_warnings,
+    hours,
+    minutes,
+    project_mark,
+    reinforce,
+    resolve_conflict,
+    trust_weight,
+    winning_intent,
+)
+from agentpost.marks.schedule import Scheduler
+from agentpost.marks.space import MarkSpace, MarkSpaceProtocol
+
+#: name -> module (under agentpost.marks) it is loaded from on first use
+_LAZY = {
+    "Guard": "guard",
+    "GuardDecision": "guard",
+    "Verdict": "guard",
+    "StatisticalEnvelope": "envelope",
+    "WelfordDetector": "envelope",
+    "EnvelopeVerdict": "envelope",
+    "AgentBarrier": "barrier",
+    "DiagnosticProbe": "probe",
+    "BudgetTracker": "budget",
+    "RateLimiter": "rate_limit",
+    "NullSink": "telemetry",
+    "StructuredLogSink": "telemetry",
+    "InMemorySink": "telemetry",
+    "FailingSink": "telemetry",
+    "PostgresMarkSpace": "postgres",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "Action",
+    "Agent",
+    "AgentManifest",
+    "ConflictPolicy",
+    "DecayConfig",
+    "FrozenDict",
+    "FrozenList",
+    "Intent",
+    "InvalidArgument",
+    "InvalidMark",
+    "ManifestOutput",
+    "Mark",
+    "MarkType",
+    "MarkValidationError",
+    "MarkspaceError",
+    "Need",
+    "NeedCluster",
+    "Observation",
+    "Scope",
+    "ScopeRateLimit",
+    "ScopeVisibility",
+    "Severity",
+    "Source",
+    "TokenBudget",
+    "UnauthorizedWrite",
+    "UnknownMark",
+    "UnknownScope",
+    "Warning",
+    "WatchPattern",
+    "compute_strength",
+    "effective_strength",
+    "effective_strength_with_warnings",
+    "hours",
+    "minutes",
+    "project_mark",
+    "reinforce",
+    "resolve_conflict",
+    "trust_weight",
+    "winning_intent",
+    "MarkSpace",
+    "MarkSpaceProtocol",
+    "Scheduler",
+    "validate_manifest_permissions",
+    "validate_pipeline",
+    *_LAZY,
+]

@@ -1,0 +1,820 @@
+"""The vocabulary of the mark space (Markspace spec §2–§7, §11, §13): enums, frozen models,
+the DSL helpers, typed errors, and the pure functions every backend computes strength with.
+
+Nothing here does I/O or keeps state, so both backends (`space.MarkSpace` in memory and
+`postgres.PostgresMarkSpace`) validate writes and compute strength with the *same* code and
+cannot drift apart.
+
+Readings chosen where the spec leaves room (also in docs/design.md):
+
+- Enum values are the spec's lowercase words (`MarkType.INTENT == "intent"`).
+- A mark built with bad fields raises `MarkValidationError`, which is at once an
+  `InvalidMark` (our typed error, a `ValueError`) and a pydantic `ValidationError`, so callers
+  may catch either. The space re-validates every mark it is handed, so a mark made with
+  `model_construct` or `model_copy(update=...)` cannot slip bad values in.
+- Text fields refuse NUL bytes and lone surrogates and dict fields must be JSON (string
+  keys, finite numbers): what one backend stores, the other (Postgres, jsonb) can store too.
+  Dict fields are deep-frozen (`FrozenDict`, `FrozenList`) so a stored mark cannot be changed
+  through a reference the caller still holds (P30).
+- Defaults where the proto has a MUST field with an obvious neutral value: confidence 1.0,
+  source FLEET, severity CAUTION, reason "", priority 0.5, blocking False, empty dicts.
+- Scope lists: an *empty* verb or topic list means "unrestricted"; `"*"` in a list also means
+  "any" (§6.2.3). Topic lists default to `("*",)`, verb lists to `()`.
+- `resolve_conflict` returns the winner's id (spec: `resolve(intents) → winner_id`), or None
+  when there is no winner (no intents, or YIELD_ALL with more than one intent);
+  `winning_intent` returns the mark itself.
+- Intent strength is full while `age <= ttl` and 0 after (P4 only needs 0 for t > ttl). A
+  negative age (the clock was set back) counts as age 0, so decay never amplifies (P7).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from enum import StrEnum
+from functools import lru_cache
+from typing import Annotated, Any, Literal, NamedTuple
+from uuid import UUID, uuid4
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+
+from agentpost.protocol.errors import AgentpostError
+
+# --------------------------------------------------------------------------- errors
+
+
+class MarkspaceError(AgentpostError):
+    """Base of every error the mark space raises on purpose."""
+
+
+class UnauthorizedWrite(MarkspaceError, PermissionError):
+    """The agent has no write permission for this (scope, mark type) (P19, P23)."""
+
+
+class UnknownScope(MarkspaceError, LookupError):
+    """No scope with this name, nor any ancestor of it, is registered."""
+
+
+class UnknownMark(MarkspaceError, LookupError):
+    """A mark id (for example the need given to `resolve`) is not in the space."""
+
+
+class InvalidMark(MarkspaceError, ValueError):
+    """The mark is malformed, or breaks its scope's rules (verb, topic). Nothing is stored."""
+
+
+class MarkValidationError(InvalidMark, ValidationError):
+    """A mark's fields failed validation at construction: both an `InvalidMark` and the
+    pydantic `ValidationError` it came from, so either `except` clause catches it."""
+
+
+class InvalidArgument(MarkspaceError, ValueError):
+    """A space operation got an argument of the wrong kind (not an Agent, empty patterns...)."""
+
+
+# --------------------------------------------------------------------------- enums
+
+
+class MarkType(StrEnum):
+    INTENT = "intent"
+    ACTION = "action"
+    OBSERVATION = "observation"
+    WARNING = "warning"
+    NEED = "need"
+
+
+class Source(StrEnum):
+    """Where an observation came from; trust follows this total order (§4.1)."""
+
+    FLEET = "fleet"
+    EXTERNAL_VERIFIED = "external_verified"
+    EXTERNAL_UNVERIFIED = "external_unverified"
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    CAUTION = "caution"
+    CRITICAL = "critical"
+
+
+class ConflictPolicy(StrEnum):
+    HIGHEST_CONFIDENCE = "highest_confidence"
+    FIRST_WRITER = "first_writer"
+    YIELD_ALL = "yield_all"
+
+
+class ScopeVisibility(StrEnum):
+    OPEN = "open"
+    PROTECTED = "protected"
+    CLASSIFIED = "classified"
+
+
+# --------------------------------------------------------------------------- DSL helpers
+
+
+def hours(n: float) -> float:
+    """`n` hours in seconds: the DSL writes durations as `hours(1)`, time is in seconds."""
+    return float(n) * 3600.0
+
+
+def minutes(n: float) -> float:
+    """`n` minutes in seconds."""
+    return float(n) * 60.0
+
+
+# --------------------------------------------------------------------------- frozen JSON
+
+
+class FrozenDict(dict):
+    """A dict that refuses changes: dict fields of frozen marks stay frozen (P30), while
+    still comparing equal to (and serializing like) a plain dict."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("marks are immutable; build a new mark instead")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse
+    __ior__ = _refuse
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenDict, (dict(self),))
+
+    def __copy__(self) -> FrozenDict:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenDict:
+        return self
+
+
+class FrozenList(list):
+    """A list that refuses changes (the array counterpart of `FrozenDict`)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("marks are immutable; build a new mark instead")
+
+    __setitem__ = __delitem__ = append = extend = insert = remove = pop = _refuse
+    clear = sort = reverse = __iadd__ = __imul__ = _refuse
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenList, (list(self),))
+
+    def __copy__(self) -> FrozenList:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenList:
+        return self
+
+
+def check_text(value: str) -> str:
+    """Refuse text Postgres cannot store (NUL bytes, lone surrogates), so both backends
+    accept exactly the same marks."""
+    if "\x00" in value:
+        raise ValueError("text must not contain NUL bytes")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
+def freeze_json(value: Any, _depth: int = 0) -> Any:
+    """A deep-frozen copy of a JSON value; raises ValueError for anything JSON cannot hold
+    (non-string keys, NaN/inf, sets, objects)."""
+    if _depth > 64:
+        raise ValueError("JSON value nested too deeply")
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("JSON numbers must be finite")
+        return value
+    if isinstance(value, str):
+        return check_text(value)
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError("JSON object keys must be strings")
+            out[check_text(key)] = freeze_json(item, _depth + 1)
+        return FrozenDict(out)
+    if isinstance(value, list | tuple):
+        return FrozenList(freeze_json(item, _depth + 1) for item in value)
+    raise ValueError(f"{type(value).__name__} is not a JSON value")
+
+
+def _freeze_object(value: dict[str, Any]) -> FrozenDict:
+    return freeze_json(value)
+
+
+Text = Annotated[str, AfterValidator(check_text)]
+Name = Annotated[str, Field(min_length=1), AfterValidator(check_text)]
+JsonObject = Annotated[dict[str, Any], AfterValidator(_freeze_object)]
+Unit = Annotated[float, Field(ge=0.0, le=1.0)]
+Positive = Annotated[float, Field(gt=0.0)]
+
+_SCOPE_SEGMENT = re.compile(r"[^/\s]+")
+
+
+@lru_cache(maxsize=4096)
+def check_scope_name(name: str) -> str:
+    """A scope name is one or more non-empty `/`-separated segments without whitespace
+    (`"calendar"`, `"research/topic/X"`); anything else would make hierarchy matching
+    ambiguous."""
+    check_text(name)
+    if not name or not all(_SCOPE_SEGMENT.fullmatch(seg) for seg in name.split("/")):
+        raise ValueError(f"invalid scope name {name!r}")
+    return name
+
+
+ScopeName = Annotated[str, AfterValidator(check_scope_name)]
+
+
+def scope_ancestors(name: str) -> list[str]:
+    """`"a/b/c"` -> `["a/b/c", "a/b", "a"]`: nearest first, for hierarchical lookups."""
+    parts = name.split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
+def scope_covers(parent: str, scope: str) -> bool:
+    """Whether `parent` is `scope` or one of its ancestors (P23 hierarchy)."""
+    return scope == parent or scope.startswith(parent + "/")
+
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+# --------------------------------------------------------------------------- marks
+
+
+class Mark(BaseModel):
+    """Fields every mark has (§2.1). `id`, `agent_id` and `created_at` are assigned by the
+    space on write; whatever the caller puts there is replaced."""
+
+    model_config = _FROZEN
+
+    id: UUID | None = None
+    mark_type: MarkType
+    agent_id: UUID | None = None
+    scope: ScopeName
+    created_at: float | None = None
+    initial_strength: Annotated[float, Field(ge=0.0)] = 1.0
+    supersedes: UUID | None = None
+    projected: bool = False
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise as_mark_error(exc) from None
+
+
+def as_mark_error(exc: ValidationError) -> InvalidMark:
+    """Re-raise a pydantic error as our typed `MarkValidationError` (keeps the details)."""
+    try:
+        return MarkValidationError.from_exception_data(exc.title, exc.errors(include_url=False))
+    except Exception:  # an error type from_exception_data cannot rebuild
+        return InvalidMark(str(exc))
+
+
+class Intent(Mark):
+    """An agent plans to act on a resource (§2.2); lives until the scope's intent TTL."""
+
+    mark_type: Literal[MarkType.INTENT] = MarkType.INTENT
+    resource: Name
+    action: Name
+    confidence: Unit = 1.0
+
+
+class Action(Mark):
+    """Something an agent did (§2.3): a fact, never decays; `failed` ones claim nothing."""
+
+    mark_type: Literal[MarkType.ACTION] = MarkType.ACTION
+    resource: Name | None = None
+    action: Name
+    result: JsonObject = Field(default_factory=FrozenDict)
+    failed: bool = False
+
+
+class Observation(Mark):
+    """Something perceived (§2.4); decays with the scope's observation half-life."""
+
+    mark_type: Literal[MarkType.OBSERVATION] = MarkType.OBSERVATION
+    topic: Name
+    content: JsonObject = Field(default_factory=FrozenDict)
+    confidence: Unit = 1.0
+    source: Source = Source.FLEET
+
+
+class Warning(Mark):
+    """A prior mark or assumption is no longer valid (§2.5); decays with the warning
+    half-life and, while alive, subtracts its strength from the mark it `invalidates`."""
+
+    mark_type: Literal[MarkType.WARNING] = MarkType.WARNING
+    invalidates: UUID | None = None
+    topic: Name
+    reason: Text = ""
+    severity: Severity = Severity.CAUTION
+
+
+class Need(Mark):
+    """A request for principal input (§2.6): full strength until resolved, then 0."""
+
+    mark_type: Literal[MarkType.NEED] = MarkType.NEED
+    question: Text
+    context: JsonObject = Field(default_factory=FrozenDict)
+    priority: Unit = 0.5
+    blocking: bool = False
+    resolved_by: UUID | None = None
+
+
+AnyMark = Intent | Action | Observation | Warning | Need
+
+MARK_CLASSES: dict[MarkType, type[Mark]] = {
+    MarkType.INTENT: Intent,
+    MarkType.ACTION: Action,
+    MarkType.OBSERVATION: Observation,
+    MarkType.WARNING: Warning,
+    MarkType.NEED: Need,
+}
+
+#: content fields redacted by a projected read (§7.4), with their redacted value
+CONTENT_FIELDS: dict[MarkType, dict[str, Any]] = {
+    MarkType.INTENT: {},
+    MarkType.ACTION: {"result": FrozenDict()},
+    MarkType.OBSERVATION: {"content": FrozenDict()},
+    MarkType.WARNING: {"reason": ""},
+    MarkType.NEED: {"question": "", "context": FrozenDict()},
+}
+
+
+def mark_from_record(record: Mapping[str, Any]) -> Mark:
+    """Build the right mark class from a dict (e.g. a database row) keyed by `mark_type`."""
+    try:
+        cls = MARK_CLASSES[MarkType(record["mark_type"])]
+    except (KeyError, ValueError):
+        raise InvalidMark(f"unknown mark_type {record.get('mark_type')!r}") from None
+    data = {k: v for k, v in record.items() if k in cls.model_fields}
+    return cls(**data)
+
+
+def revalidate(mark: object) -> Mark:
+    """The mark re-checked field by field, as one of the five mark classes exactly.
+
+    The space calls this on every write, because frozen models can still be built without
+    validation (`model_construct`, `model_copy(update=...)`)."""
+    if not isinstance(mark, Mark) or type(mark) not in MARK_CLASSES.values():
+        raise InvalidMark(f"expected one of the five mark types, got {type(mark).__name__}")
+    try:
+        return type(mark).model_validate(dict(mark.__dict__))
+    except ValidationError as exc:
+        raise as_mark_error(exc) from None
+    except (TypeError, ValueError) as exc:
+        raise InvalidMark(str(exc)) from None
+
+
+# --------------------------------------------------------------------------- scopes
+
+
+class DecayConfig(BaseModel):
+    """Half-lives and the intent TTL of a scope (§7.2), in seconds, all > 0. The spec's
+    SHOULD (warning half-life <= observation half-life) is not enforced: its own §12.1
+    example breaks it."""
+
+    model_config = _FROZEN
+
+    observation_half_life: Positive = hours(1)
+    warning_half_life: Positive = minutes(30)
+    intent_ttl: Positive = minutes(30)
+
+
+class ScopeRateLimit(BaseModel):
+    """Per-agent and fleet-wide write caps per window (§9.12); None means no cap."""
+
+    model_config = _FROZEN
+
+    max_writes_per_agent_per_window: Annotated[int, Field(ge=0)] | None = None
+    max_total_writes_per_window: Annotated[int, Field(ge=0)] | None = None
+    window_seconds: Positive = 60.0
+
+
+def _allows(allowed: tuple[str, ...], value: str) -> bool:
+    return not allowed or "*" in allowed or value in allowed
+
+
+class Scope(BaseModel):
+    """A namespace with its rules (§7.1). See the module docstring for list semantics."""
+
+    model_config = _FROZEN
+
+    name: ScopeName
+    visibility: ScopeVisibility = ScopeVisibility.OPEN
+    allowed_intent_verbs: tuple[Name, ...] = ()
+    allowed_action_verbs: tuple[Name, ...] = ()
+    observation_topics: tuple[Name, ...] = ("*",)
+    warning_topics: tuple[Name, ...] = ("*",)
+    decay: DecayConfig = Field(default_factory=DecayConfig)
+    conflict_policy: ConflictPolicy = ConflictPolicy.HIGHEST_CONFIDENCE
+    deferred: bool = False
+    rate_limit: ScopeRateLimit | None = None
+
+    def allows_intent_verb(self, verb: str) -> bool:
+        return _allows(self.allowed_intent_verbs, verb)
+
+    def allows_action_verb(self, verb: str) -> bool:
+        return _allows(self.allowed_action_verbs, verb)
+
+    def allows_observation_topic(self, topic: str) -> bool:
+        return _allows(self.observation_topics, topic)
+
+    def allows_warning_topic(self, topic: str) -> bool:
+        return _allows(self.warning_topics, topic)
+
+
+# --------------------------------------------------------------------------- agents
+
+
+class TokenBudget(BaseModel):
+    """Token limits of an agent (§9.10); None means no limit. Tracking is in budget.py."""
+
+    model_config = _FROZEN
+
+    max_input_tokens_per_round: Annotated[int, Field(ge=0)] | None = None
+    max_output_tokens_per_round: Annotated[int, Field(ge=0)] | None = None
+    max_input_tokens_total: Annotated[int, Field(ge=0)] | None = None
+    max_output_tokens_total: Annotated[int, Field(ge=0)] | None = None
+    warning_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.8
+
+
+class WatchPattern(BaseModel):
+    """A set of marks an agent is interested in (§13.1). Unset filters match anything; the
+    scope matches hierarchically."""
+
+    model_config = _FROZEN
+
+    scope: ScopeName
+    mark_type: MarkType | None = None
+    topic: Name | None = None
+    resource: Name | None = None
+
+    def matches(self, mark: Mark) -> bool:
+        """Pure field comparison (P55): no state is read or written."""
+        if not scope_covers(self.scope, mark.scope):
+            return False
+        if self.mark_type is not None and mark.mark_type != self.mark_type:
+            return False
+        if self.topic is not None and mark_topic(mark) != self.topic:
+            return False
+        return self.resource is None or mark_resource(mark) == self.resource
+
+
+_RESOURCE_TYPES = (MarkType.INTENT, MarkType.ACTION)
+_TOPIC_TYPES = (MarkType.OBSERVATION, MarkType.WARNING)
+
+
+def mark_resource(mark: Mark) -> str | None:
+    """The resource of an intent or action; None for the other types."""
+    return mark.resource if mark.mark_type in _RESOURCE_TYPES else None
+
+
+def mark_topic(mark: Mark) -> str | None:
+    """The topic of an observation or warning; None for the other types."""
+    return mark.topic if mark.mark_type in _TOPIC_TYPES else None
+
+
+class ManifestOutput(NamedTuple):
+    """One declared output of a manifest; a plain `(scope, mark_type)` tuple works too."""
+
+    scope: str
+    mark_type: MarkType
+
+
+class AgentManifest(BaseModel):
+    """An agent's declared input/output contract (§13.2); purely declarative."""
+
+    model_config = _FROZEN
+
+    inputs: tuple[WatchPattern, ...] = ()
+    outputs: tuple[ManifestOutput, ...] = ()
+    schedule_interval: Positive | None = None
+    expected_activity: JsonObject = Field(default_factory=FrozenDict)
+    budget: TokenBudget | None = None
+
+    @field_validator("expected_activity")
+    @classmethod
+    def _activity_keys(cls, value: Mapping[str, Any]) -> Mapping[str, Any]:
+        for key, rate in value.items():
+            MarkType(key)  # ValueError for anything but a mark type value
+            if isinstance(rate, bool) or not isinstance(rate, int | float) or rate < 0:
+                raise ValueError(f"expected_activity[{key!r}] must be a rate >= 0")
+        return value
+
+    @field_validator("outputs")
+    @classmethod
+    def _output_scopes(cls, value: tuple[ManifestOutput, ...]) -> tuple[ManifestOutput, ...]:
+        for out in value:
+            check_scope_name(out.scope)
+        return value
+
+
+class Agent(BaseModel):
+    """An identity with write permissions per scope and read authorization (§11.1).
+
+    `scopes={"calendar": ["intent", "action"]}` is the DSL form of the proto's
+    `permissions`. Authorization is hierarchical (P23): a permission for "a" covers "a/b/c".
+    Read authorization comes from `read_scopes` only; write permission does not imply it."""
+
+    model_config = _FROZEN
+
+    id: UUID = Field(default_factory=uuid4)
+    name: Text
+    scopes: Annotated[dict[ScopeName, tuple[MarkType, ...]], AfterValidator(FrozenDict)] = Field(
+        default_factory=FrozenDict
+    )
+    read_scopes: tuple[ScopeName, ...] = ()
+    manifest: AgentManifest | None = None
+
+    def can_write(self, scope: str, mark_type: MarkType | str) -> bool:
+        """Whether some permission on `scope` or an ancestor lists `mark_type`."""
+        return any(
+            mark_type in types and scope_covers(granted, scope)
+            for granted, types in self.scopes.items()
+        )
+
+    def can_read(self, scope: str) -> bool:
+        """Content access to PROTECTED/CLASSIFIED `scope` (hierarchical, P23/P26)."""
+        return any(scope_covers(granted, scope) for granted in self.read_scopes)
+
+
+class NeedCluster(BaseModel):
+    """A group of similar unresolved needs in one scope, for the principal (§8.4)."""
+
+    model_config = _FROZEN
+
+    scope: str
+    needs: tuple[Need, ...]
+    effective_priority: float
+    blocking_count: int
+    contexts: tuple[JsonObject, ...]
+
+
+# --------------------------------------------------------------------------- write checks
+
+
+def check_write(agent: object, mark: object, scope: Scope) -> Mark:
+    """Everything a write must satisfy besides the scope existing (§8.1), in order:
+    a well-formed mark, an authorized agent (P19), then the scope's verbs and topics.
+    Returns the re-validated mark; raises a typed error and changes nothing otherwise.
+    `scope` is the definition that governs `mark.scope` (itself or nearest ancestor)."""
+    if not isinstance(agent, Agent):
+        raise InvalidArgument(f"expected an Agent, got {type(agent).__name__}")
+    mark = revalidate(mark)
+    authorize_write(agent, mark, scope)
+    return mark
+
+
+def authorize_write(agent: Agent, mark: Mark, scope: Scope) -> None:
+    """The checks of `check_write` after the mark's own fields: not a projection, the
+    agent's permission for (mark.scope, mark_type), the scope's verbs and topics. For callers
+    that already hold a re-validated mark (the space re-validates before the scope lookup)."""
+    if mark.projected:
+        raise InvalidMark("a projected mark is a redacted copy and cannot be written")
+    if not agent.can_write(mark.scope, mark.mark_type):
+        raise UnauthorizedWrite(
+            f"agent {agent.name!r} may not write {mark.mark_type.value} marks to {mark.scope!r}"
+        )
+    check_scope_rules(mark, scope)
+
+
+def check_scope_rules(mark: Mark, scope: Scope) -> None:
+    """The scope's verb and topic lists (§7.1); InvalidMark when the mark breaks them."""
+    if isinstance(mark, Intent) and not scope.allows_intent_verb(mark.action):
+        raise InvalidMark(f"intent verb {mark.action!r} is not allowed in {scope.name!r}")
+    if isinstance(mark, Action) and not scope.allows_action_verb(mark.action):
+        raise InvalidMark(f"action verb {mark.action!r} is not allowed in {scope.name!r}")
+    if isinstance(mark, Observation) and not scope.allows_observation_topic(mark.topic):
+        raise InvalidMark(f"observation topic {mark.topic!r} is not allowed in {scope.name!r}")
+    if isinstance(mark, Warning) and not scope.allows_warning_topic(mark.topic):
+        raise InvalidMark(f"warning topic {mark.topic!r} is not allowed in {scope.name!r}")
+
+
+# --------------------------------------------------------------------------- strength
+
+DEFAULT_DECAY = DecayConfig()
+TRUST_WEIGHTS: dict[Source, float] = {
+    Source.FLEET: 1.0,
+    Source.EXTERNAL_VERIFIED: 0.7,
+    Source.EXTERNAL_UNVERIFIED: 0.3,
+}
+REINFORCEMENT_FACTOR = 0.3
+REINFORCEMENT_CAP = 2.0
+#: marks below this strength are left out of reads by default (§2.4 RECOMMENDED)
+DEFAULT_MIN_STRENGTH = 0.01
+
+DecaySource = DecayConfig | Scope | Callable[[Mark], DecayConfig] | None
+
+
+def _decay_for(mark: Mark, decay: DecaySource) -> DecayConfig:
+    if decay is None:
+        return DEFAULT_DECAY
+    if isinstance(decay, DecayConfig):
+        return decay
+    if isinstance(decay, Scope):
+        return decay.decay
+    return decay(mark)
+
+
+def _half_life_decay(initial: float, age: float, half_life: float) -> float:
+    return initial * 0.5 ** (age / half_life)
+
+
+def compute_strength(mark: Mark, now: float, decay: DecaySource = None) -> float:
+    """Base strength at `now` by the decay rules of §3.1, before trust, supersession and
+    warnings. `decay` is the governing scope's DecayConfig (or the Scope, or a function of
+    the mark); default `DecayConfig()`. An unwritten mark (no created_at) has age 0."""
+    initial = mark.initial_strength
+    age = 0.0 if mark.created_at is None else max(0.0, now - mark.created_at)
+    kind = mark.mark_type
+    if kind is MarkType.ACTION:
+        return initial
+    if kind is MarkType.NEED:
+        return 0.0 if mark.resolved_by is not None else initial
+    config = _decay_for(mark, decay)
+    if kind is MarkType.INTENT:
+        return initial if age <= config.intent_ttl else 0.0
+    if kind is MarkType.OBSERVATION:
+        return _half_life_decay(initial, age, config.observation_half_life)
+    return _half_life_decay(initial, age, config.warning_half_life)
+
+
+def trust_weight(source: Source | str | Mark | None) -> float:
+    """Weight of a source (§4.1): fleet 1.0 > verified 0.7 > unverified 0.3. Marks without
+    a source (everything but observations), or None, weigh 1.0."""
+    if isinstance(source, Mark):
+        # only observations carry a source (and a missing attribute is slow on pydantic)
+        source = source.source if source.mark_type is MarkType.OBSERVATION else None
+    if source is None:
+        return 1.0
+    weight = TRUST_WEIGHTS.get(source)  # a StrEnum member and its value hash alike
+    return TRUST_WEIGHTS[Source(source)] if weight is None else weight
+
+
+def effective_strength(mark: Mark, now: float, decay: DecaySource = None) -> float:
+    """`compute_strength * trust_weight` (§4.2), in [0, initial_strength] (P7)."""
+    return compute_strength(mark, now, decay) * trust_weight(mark)
+
+
+def effective_strength_with_warnings(
+    mark: Mark, now: float, warnings: Iterable[Warning] = (), decay: DecaySource = None
+) -> float:
+    """§9.5: effective strength minus the live strength of the warnings that invalidate this
+    mark, never below 0 (P34). Only warnings whose `invalidates` is this mark's id count, so
+    callers may pass any warnings. Supersession is the space's business, not this one's."""
+    base = effective_strength(mark, now, decay)
+    if base <= 0.0 or mark.id is None:
+        return max(0.0, base)
+    penalty = sum(effective_strength(w, now, decay) for w in warnings if w.invalidates == mark.id)
+    return max(0.0, base - penalty)
+
+
+def reinforce(
+    strengths: Iterable[float],
+    factor: float = REINFORCEMENT_FACTOR,
+    cap: float = REINFORCEMENT_CAP,
+) -> float:
+    """Aggregate strength of marks on one (scope, topic) or (scope, resource) (§5.1): the
+    strongest counts in full, each other one `factor` times, capped at `cap`. Sublinear
+    (P8), bounded (P9) and monotonic in additions (P10). Strengths <= 0 add nothing."""
+    if not 0.0 < factor < 1.0:
+        raise ValueError("reinforcement factor must be in (0, 1)")
+    if not math.isfinite(cap):
+        raise ValueError("reinforcement cap must be finite")
+    ordered = sorted((s for s in strengths if s > 0.0), reverse=True)
+    if not ordered:
+        return 0.0
+    total = ordered[0] + factor * math.fsum(ordered[1:])
+    return min(total, cap)
+
+
+def _created_key(mark: Mark) -> tuple[bool, float]:
+    return (mark.created_at is None, mark.created_at or 0.0)
+
+
+def _tiebreak(intent: Intent) -> tuple[str, str, str, str]:
+    return (str(intent.id or ""), str(intent.agent_id or ""), intent.resource, intent.action)
+
+
+def intent_order_key(intent: Intent, policy: ConflictPolicy) -> tuple[Any, ...]:
+    """Total order of intents under `policy`; the smallest key wins. Ties fall through to
+    created_at, then id (P32), then other fields, so the winner never depends on the order
+    the intents are given in (P11)."""
+    first = -intent.confidence if policy is ConflictPolicy.HIGHEST_CONFIDENCE else 0.0
+    return (first, *_created_key(intent), *_tiebreak(intent))
+
+
+def winning_intent(intents: Sequence[Intent], policy: ConflictPolicy) -> Intent | None:
+    """The intent that wins under `policy` (§6.1), or None: no intents, or YIELD_ALL with a
+    real conflict (more than one intent), which only the principal can settle."""
+    if not intents:
+        return None
+    policy = ConflictPolicy(policy)
+    if policy is ConflictPolicy.YIELD_ALL and len(intents) > 1:
+        return None
+    return min(intents, key=lambda i: intent_order_key(i, policy))
+
+
+def resolve_conflict(intents: Sequence[Intent], policy: ConflictPolicy) -> UUID | None:
+    """`resolve(intents) → winner_id` (§6.4 P11): pure and deterministic."""
+    winner = winning_intent(intents, policy)
+    return None if winner is None else winner.id
+
+
+def project_mark(mark: Mark) -> Mark:
+    """The projected copy an unauthorized reader of a PROTECTED scope sees (§7.4): every
+    structural and coordination field kept (P24), content fields emptied, `projected=True`."""
+    update = dict(CONTENT_FIELDS[mark.mark_type])
+    update["projected"] = True
+    return mark.model_copy(update=update)
+
+
+def visible_to(
+    marks: list[Mark], scope: Scope, scope_name: str, reader: Agent | None
+) -> list[Mark]:
+    """Apply §7.4 to marks read from `scope_name` (governed by `scope`): full marks for
+    infrastructure (reader None), OPEN scopes and authorized readers; projections for
+    PROTECTED; nothing for CLASSIFIED (P20–P22, P25, P26)."""
+    if reader is None or scope.visibility is ScopeVisibility.OPEN or reader.can_read(scope_name):
+        return marks
+    if scope.visibility is ScopeVisibility.PROTECTED:
+        return [project_mark(m) for m in marks]
+    return []
+
+
+def read_order_key(mark: Mark, strength: float) -> tuple[float, float, int]:
+    """Read order: strength descending, then (created_at, id), the total write order (ids
+    compare as their 128-bit integers, which is how UUIDs order)."""
+    return (-strength, mark.created_at or 0.0, 0 if mark.id is None else mark.id.int)
+
+
+# --------------------------------------------------------------------------- needs
+
+_NON_WORD = re.compile(r"[^\w]+")
+
+
+def question_key(question: str) -> str:
+    """The similarity used to cluster needs (§8.4 leaves it to us): questions equal after
+    lowercasing and dropping punctuation and extra whitespace are one cluster."""
+    return " ".join(_NON_WORD.sub(" ", question.casefold()).split())
+
+
+def cluster_needs(needs: Iterable[Need]) -> list[NeedCluster]:
+    """§8.4 over the given (unresolved) needs: group by scope then by `question_key`, score
+    `max(priority) + log(size) * 0.1`, sort by score descending (then scope, then the
+    cluster's first write, so the order is deterministic)."""
+    groups: dict[tuple[str, str], list[Need]] = {}
+    for need in sorted(needs, key=lambda n: (_created_key(n), str(n.id or ""))):
+        groups.setdefault((need.scope, question_key(need.question)), []).append(need)
+    clusters = [
+        NeedCluster(
+            scope=scope,
+            needs=tuple(members),
+            effective_priority=max(n.priority for n in members) + math.log(len(members)) * 0.1,
+            blocking_count=sum(1 for n in members if n.blocking),
+            contexts=tuple(n.context for n in members),
+        )
+        for (scope, _), members in groups.items()
+    ]
+    clusters.sort(key=lambda c: (-c.effective_priority, c.scope, _created_key(c.needs[0])))
+    return clusters
+
+
+_WRITES = itertools.count(1)
+
+
+def new_mark_id() -> UUID:
+    """A fresh mark id: unique without coordination (80 random bits, P31), and increasing in
+    write order within a process, since its top 48 bits count the writes, so that
+    (created_at, id) orders marks of one created_at as they were written (P32). The layout
+    is an RFC 9562 version-8 UUID, the same as the Postgres backend's (sql/0007_marks.sql)."""
+    value = ((next(_WRITES) & (1 << 48) - 1) << 80) | int.from_bytes(os.urandom(10), "big")
+    value = (value & ~(0xF << 76)) | (0x8 << 76)  # version 8
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122/9562 variant
+    return UUID(int=value)

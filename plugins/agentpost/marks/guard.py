@@ -1,0 +1,1411 @@
+"""The guard (spec §9): deterministic enforcement around every tool call and every agent write.
+
+The agent decides WHAT to do; the guard decides WHETHER it is allowed. `pre_action` checks and
+writes the agent's intent, `post_action` records the result as an action mark, `execute` wraps
+a tool call in both and never calls the tool unless the verdict is ALLOW (P37). `write_mark` is
+the single enforcement boundary for the agent's own observations, warnings and needs (barrier,
+rate limit, envelope). The optional defence layers plug in here: the statistical envelope
+(`envelope.py`), absorbing barriers (`barrier.py`), token budgets (`budget.py`), scope rate
+limits (`rate_limit.py`) and telemetry (`telemetry.py`).
+
+The guard talks to the space only through the interface both backends share (`write`, `read`,
+`get`, `lock`, `now`, `get_scope`, `active_marks`), and serializes every decision on a
+(scope, resource) with `space.lock(scope, resource)`: a per-key lock in memory, a
+transaction-scoped advisory lock on Postgres, so decisions are serialized across processes.
+
+Readings chosen where the spec leaves room (docs/design.md repeats them):
+
+- Order of the checks in `pre_action`: the scope must exist (else `UnknownScope` is raised:
+  configuration, not a verdict); authorization for intents *and* actions in the scope (a tool
+  call ends in an action mark, so an agent that may not write one is DENIED up front); the
+  intent verb; the token budget; the barrier (revoked type: DENIED; "require need": BLOCKED
+  with a Need for the principal); an active action of another agent on (scope, resource):
+  CONFLICT (P39, also in deferred scopes); the scope's rate limit and the envelope: DENIED; then
+  the intent is written and the conflict policy applied.
+- A CONFLICT caused by an action carries, as `winning_intent`, the intent that action
+  superseded, or, when there is none, the claim restated as an intent (the action's id, agent,
+  resource, verb, created_at; confidence 1.0); the action itself is `winning_action`.
+- An agent's repeated `pre_action` on the same (scope, resource) with the same verb and
+  confidence reuses its active intent (same state, same verdict: P36); a different verb or
+  confidence writes a new intent that supersedes the old one (§10).
+- Active means effective strength > 0; reads ask for ``min_strength=ACTIVE`` (1e-6), so a mark
+  written with an initial strength below that counts as absent.
+- YIELD_ALL: with intents of two or more agents on the resource, every one of them is BLOCKED
+  and a Need is filed for each (by the guard's system agent, once per agent and resource while
+  unresolved). The principal settles it by invalidating the losing intents (warnings) or by
+  waiting for their TTL.
+- Deferred scopes: `pre_action` writes the intent and answers BLOCKED (pending resolution);
+  `resolve_deferred` is the boundary. It compares every active intent (P14, P18) under the
+  scope's policy and gives exactly one agent ALLOW (P17) unless the policy is YIELD_ALL with
+  several agents (all BLOCKED, Needs filed) or another agent's action already claims the
+  resource (P39: only that agent may be allowed). The guard remembers the winning intent of
+  the latest boundary per (scope, resource): while that intent is active, the winner's
+  `pre_action` / `execute` is ALLOWed (phase 3), everyone else's stays BLOCKED. The grant is
+  kept by the guard object that ran the boundary (in its process); elsewhere the harness
+  delivers the verdict and the winner records its result with `post_action`.
+  `resolve_all_deferred` is a boundary for every pending deferred resource (P16).
+- Mutual exclusion: `execute` holds ``space.lock(scope, resource)`` from the check through
+  the tool call to the action mark, so the next agent finds the committed action (P39). A bare
+  `pre_action` followed later by `post_action` follows §9.2 literally: under
+  HIGHEST_CONFIDENCE a later, more confident agent is allowed too, and §6.3 settles it.
+- `post_action` does not consult the barrier or the rate limits: the tool has already run, and
+  the action mark records a fact. It supersedes the given intent (or the agent's own active
+  intent on the resource). When another agent's active action is already on the resource (a
+  race, §6.3) the new action supersedes *that* action instead, and the guard warns its agent
+  with a warning that `invalidates` the superseded action.
+- `execute` records a raising tool as a failed action (which claims nothing) and re-raises.
+- The guard's own marks (Needs for the principal, warnings) are written by a system agent with
+  a fixed id (`SYSTEM_AGENT_ID`), allowed warnings and needs in every scope the guard touches;
+  the system agent is exempt from the envelope and from rate limits. Its writes are best
+  effort: a scope that refuses them (a warning topic not in its list, say) is reported to
+  telemetry and does not change the agent's verdict.
+- Budgets: a stopped agent (lifetime usage >= total) is refused activation, tool calls
+  (DENIED) and writes (`BudgetExhausted`) until the principal raises its budget.
+- Telemetry never affects an outcome (P57); every `write_mark` and `execute` emits one event
+  (P58), accepted or not.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
+from enum import StrEnum
+from typing import Any
+from uuid import UUID, uuid5
+
+from pydantic import BaseModel, ConfigDict
+
+from agentpost.marks.barrier import AgentBarrier
+from agentpost.marks.budget import BudgetDimension, BudgetStatus, BudgetTracker
+from agentpost.marks.budget import truncate_to_budget as _truncate
+from agentpost.marks.core import (
+    Action,
+    Agent,
+    ConflictPolicy,
+    Intent,
+    InvalidArgument,
+    InvalidMark,
+    Mark,
+    MarkspaceError,
+    MarkType,
+    Need,
+    Scope,
+    Severity,
+    Warning,
+    freeze_json,
+    winning_intent,
+)
+from agentpost.marks.envelope import EnvelopeVerdict, Finding, StatisticalEnvelope
+from agentpost.marks.rate_limit import RateDecision, RateLimiter
+from agentpost.marks.telemetry import (
+    ACTIVE_MARKS,
+    BUDGET_REMAINING,
+    CONFLICTS_RESOLVED,
+    EVENT_EXECUTE,
+    EVENT_PRE_ACTION,
+    EVENT_RESOLVE_DEFERRED,
+    EVENT_RESTRICTION,
+    EVENT_ROUND,
+    EVENT_SYSTEM_WRITE_FAILED,
+    EVENT_WRITE_MARK,
+    MARKS_READ,
+    MARKS_WRITTEN,
+    NEEDS_PENDING,
+    ROUND_DURATION,
+    TOKENS_INPUT,
+    TOKENS_OUTPUT,
+    TOTAL_MARKS,
+    Emitter,
+    NullSink,
+    TelemetrySink,
+)
+
+#: reads of the guard count marks with effective strength at least this as active
+ACTIVE = 1e-6
+#: the guard's system agent (its Needs and warnings): one fixed id for every process
+SYSTEM_AGENT_ID = uuid5(UUID("6ba7b811-9dad-11d1-80b4-00c04fd430c8"), "agentpost:marks:guard")
+SYSTEM_AGENT_NAME = "markspace-guard"
+SYSTEM_TYPES = (MarkType.WARNING, MarkType.NEED)
+SUPERSEDED_TOPIC = "superseded-action"
+
+
+class Verdict(StrEnum):
+    ALLOW = "allow"
+    CONFLICT = "conflict"
+    BLOCKED = "blocked"
+    DENIED = "denied"
+
+
+class GuardCheck(StrEnum):
+    """Which check decided a DENIED or BLOCKED verdict, or rejected a write."""
+
+    AUTHORIZATION = "authorization"
+    VERB = "verb"
+    BUDGET = "budget"
+    BARRIER = "barrier"
+    NEED_REQUIRED = "need_required"
+    RATE_LIMIT = "rate_limit"
+    ENVELOPE = "envelope"
+    CLAIMED = "claimed"
+    CONFLICT_POLICY = "conflict_policy"
+    DEFERRED = "deferred"
+
+
+class GuardDecision(BaseModel):
+    """The guard's answer (§9.3), with enough context for the agent to choose an alternative
+    (P38): CONFLICT carries ``winning_intent``; BLOCKED and DENIED carry a ``reason`` and the
+    ``check`` that decided."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    verdict: Verdict
+    reason: str = ""
+    intent_id: UUID | None = None
+    winning_intent: Intent | None = None
+    conflicting_intents: tuple[Intent, ...] = ()
+    winning_action: Action | None = None
+    need_id: UUID | None = None
+    check: GuardCheck | None = None
+
+    @property
+    def allowed(self) -> bool:
+        return self.verdict is Verdict.ALLOW
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class GuardedMarkType(InvalidMark):
+    """`write_mark` refuses intents and actions: they go through pre_action / post_action."""
+
+
+class WriteRejected(MarkspaceError, PermissionError):
+    """A defence layer refused an agent's write; nothing was stored (P42)."""
+
+    check: GuardCheck = GuardCheck.BARRIER
+
+    def __init__(self, message: str, check: GuardCheck | None = None) -> None:
+        super().__init__(message)
+        if check is not None:
+            self.check = check
+
+
+class BarrierDenied(WriteRejected):
+    check = GuardCheck.BARRIER
+
+
+class EnvelopeRestricted(WriteRejected):
+    check = GuardCheck.ENVELOPE
+
+
+class RateLimited(WriteRejected):
+    check = GuardCheck.RATE_LIMIT
+
+
+class BudgetExhausted(WriteRejected):
+    check = GuardCheck.BUDGET
+
+
+_REJECTIONS: dict[GuardCheck, type[WriteRejected]] = {
+    GuardCheck.BARRIER: BarrierDenied,
+    GuardCheck.NEED_REQUIRED: BarrierDenied,
+    GuardCheck.ENVELOPE: EnvelopeRestricted,
+    GuardCheck.RATE_LIMIT: RateLimited,
+    GuardCheck.BUDGET: BudgetExhausted,
+}
+
+
+class _Refusal(BaseModel):
+    """An internal "no" from one of the checks, before it becomes a verdict or an error."""
+
+    model_config = ConfigDict(frozen=True)
+
+    check: GuardCheck
+    reason: str
+
+
+class _Admission(BaseModel):
+    """A write the rate limit and the envelope let through (the reservation to undo if the
+    store then refuses it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    scope: str
+    reservation: RateDecision
+
+
+class _Board(BaseModel):
+    """What is active on one (scope, resource), in write order."""
+
+    model_config = ConfigDict(frozen=True)
+
+    intents: tuple[Intent, ...]
+    actions: tuple[Action, ...]
+
+    def claim(self, exclude: UUID | None) -> Action | None:
+        """The latest non-failed action not by ``exclude``: the resource's holder (P39)."""
+        return _latest([a for a in self.actions if not a.failed and a.agent_id != exclude])
+
+    def own(self, agent_id: UUID) -> Intent | None:
+        return _latest([i for i in self.intents if i.agent_id == agent_id])
+
+    def others(self, agent_id: UUID) -> tuple[Intent, ...]:
+        return tuple(i for i in self.intents if i.agent_id != agent_id)
+
+
+# --------------------------------------------------------------------------- the guard
+
+
+class Guard:
+    """Deterministic enforcement over a mark space (§9)."""
+
+    def __init__(
+        self,
+        space: Any,
+        *,
+        envelope: StatisticalEnvelope | None = None,
+        barriers: Mapping[UUID, AgentBarrier] | None = None,
+        barrier_factory: Callable[[UUID], AgentBarrier] | None = None,
+        principal_token: str | None = None,
+        telemetry: TelemetrySink | None = None,
+        system_agent: Agent | None = None,
+        rate_limiter: RateLimiter | None = None,
+        budget_tracker: BudgetTracker | None = None,
+        global_escalation_threshold: int = 3,
+        notice_scope: str | None = None,
+    ) -> None:
+        if global_escalation_threshold < 1:
+            raise ValueError("global_escalation_threshold must be >= 1")
+        self.space = space
+        self.envelope = envelope
+        self._principal_token = principal_token or secrets.token_urlsafe(32)
+        self._barriers: dict[UUID, AgentBarrier] = dict(barriers or {})
+        self._barrier_factory = barrier_factory or (
+            lambda agent_id: AgentBarrier(agent_id, self._principal_token)
+        )
+        self.emitter = Emitter(telemetry if telemetry is not None else NullSink(), space.now)
+        self.rate_limiter = rate_limiter or RateLimiter()
+        self.budgets = budget_tracker or BudgetTracker()
+        self.global_escalation_threshold = global_escalation_threshold
+        self.notice_scope = notice_scope
+        self._fixed_system = system_agent
+        self._system_grants: dict[str, tuple[MarkType, ...]] = {}
+        self._system: Agent = system_agent or Agent(id=SYSTEM_AGENT_ID, name=SYSTEM_AGENT_NAME)
+        self._lock = threading.RLock()
+        #: deferred (scope, resource) -> the intent that won the latest boundary here
+        self._grants: dict[tuple[str, str], UUID] = {}
+        if envelope is not None:
+            envelope.exempt(self._system.id)
+
+    # ------------------------------------------------------------------ accessors
+
+    @property
+    def system_agent(self) -> Agent:
+        return self._system
+
+    @property
+    def telemetry(self) -> TelemetrySink:
+        return self.emitter.sink
+
+    def barrier_for(self, agent_id: UUID) -> AgentBarrier:
+        """The agent's barrier, created (clear) on first use."""
+        with self._lock:
+            barrier = self._barriers.get(agent_id)
+            if barrier is None:
+                barrier = self._barrier_factory(agent_id)
+                self._barriers[agent_id] = barrier
+            return barrier
+
+    def exempt(self, agent_id: UUID) -> None:
+        """Keep an infrastructure agent (a diagnostic probe, say) out of the envelope."""
+        if self.envelope is not None:
+            self.envelope.exempt(agent_id)
+
+    # ------------------------------------------------------------------ pre_action
+
+    def pre_action(
+        self,
+        agent: Agent,
+        scope: str,
+        resource: str,
+        action: str,
+        confidence: float = 1.0,
+    ) -> GuardDecision:
+        """§9.2: check, write the agent's intent, resolve conflicts. Serialized per
+        (scope, resource) through ``space.lock``."""
+        _require_agent(agent)
+        proposed = Intent(scope=scope, resource=resource, action=action, confidence=confidence)
+        scope_def = self.space.get_scope(scope)
+        with self.space.lock(scope, resource):
+            decision = self._decide(agent, scope_def, proposed)
+        self.emitter.event(
+            EVENT_PRE_ACTION,
+            agent_id=agent.id,
+            scope=scope,
+            resource=resource,
+            action=action,
+            verdict=decision.verdict,
+            check=decision.check,
+            reason=decision.reason,
+        )
+        return decision
+
+    def _decide(self, agent: Agent, scope_def: Scope, proposed: Intent) -> GuardDecision:
+        refusal = self._authorize(agent, scope_def, proposed)
+        if refusal is not None:
+            return _denied(refusal)
+        blocked = self._need_gate(agent, proposed)
+        if blocked is not None:
+            return blocked
+        board = self._board(proposed.scope, proposed.resource)
+        claim = board.claim(exclude=agent.id)
+        if claim is not None:
+            return self._claimed(claim)
+        own = board.own(agent.id)
+        held = own if _same_plan(own, proposed) else None
+        if held is None:
+            admitted = self._admit(agent, proposed.scope, MarkType.INTENT, None)
+            if isinstance(admitted, _Refusal):
+                return _denied(admitted)
+            held = self._write_intent(agent, proposed, own, admitted)
+            board = self._board(proposed.scope, proposed.resource)  # §9.2 step 4: read again
+        if scope_def.deferred:
+            return self._advisory(agent, held, board)
+        return self._resolve_now(agent, scope_def, held, board)
+
+    def _authorize(self, agent: Agent, scope_def: Scope, intent: Intent) -> _Refusal | None:
+        for mark_type in (MarkType.INTENT, MarkType.ACTION):
+            if not agent.can_write(intent.scope, mark_type):
+                return _Refusal(
+                    check=GuardCheck.AUTHORIZATION,
+                    reason=(
+                        f"agent {agent.name!r} is not authorized to write {mark_type.value} "
+                        f"marks in scope {intent.scope!r}"
+                    ),
+                )
+        if not scope_def.allows_intent_verb(intent.action):
+            return _Refusal(
+                check=GuardCheck.VERB,
+                reason=f"intent verb {intent.action!r} is not allowed in scope {intent.scope!r}",
+            )
+        return self._budget_refusal(agent) or self._barrier_refusal(
+            agent, intent.scope, (MarkType.INTENT, MarkType.ACTION)
+        )
+
+    def _need_gate(self, agent: Agent, intent: Intent) -> GuardDecision | None:
+        """BLOCKED while the barrier requires the principal's input before acting here."""
+        barrier = self._barriers.get(agent.id)
+        if barrier is None or not barrier.need_required(intent.scope):
+            return None
+        reason = (
+            f"agent {agent.name!r} must have the principal's approval before acting in scope "
+            f"{intent.scope!r} (barrier requires a need)"
+        )
+        need_id = self._ensure_need(
+            intent.scope,
+            question=f"Approve {agent.name!r} to {intent.action} {intent.resource!r}?",
+            context={
+                "kind": "approval_required",
+                "agent_id": str(agent.id),
+                "resource": intent.resource,
+                "action": intent.action,
+            },
+            priority=0.9,
+            blocking=True,
+        )
+        return GuardDecision(
+            verdict=Verdict.BLOCKED, reason=reason, need_id=need_id, check=GuardCheck.NEED_REQUIRED
+        )
+
+    def _claimed(self, claim: Action) -> GuardDecision:
+        """CONFLICT because another agent's action already holds the resource (P39)."""
+        return GuardDecision(
+            verdict=Verdict.CONFLICT,
+            reason=(
+                f"resource {claim.resource!r} in scope {claim.scope!r} is already claimed by "
+                f"agent {claim.agent_id}'s action {claim.action!r}"
+            ),
+            winning_intent=self._intent_behind(claim),
+            winning_action=claim,
+            check=GuardCheck.CLAIMED,
+        )
+
+    def _intent_behind(self, claim: Action) -> Intent:
+        if claim.supersedes is not None:
+            earlier = self.space.get(claim.supersedes)
+            if isinstance(earlier, Intent):
+                return earlier
+        return Intent(
+            id=claim.id,
+            agent_id=claim.agent_id,
+            scope=claim.scope,
+            created_at=claim.created_at,
+            resource=claim.resource or "",
+            action=claim.action,
+            confidence=1.0,
+        )
+
+    def _write_intent(
+        self, agent: Agent, proposed: Intent, own: Intent | None, admitted: _Admission
+    ) -> Intent:
+        """Write the intent; it supersedes the agent's previous one on the resource (§10)."""
+        intent = proposed.model_copy(update={"supersedes": own.id if own else None})
+        mark_id = self._store(agent, intent, admitted)
+        return intent.model_copy(update={"id": mark_id, "agent_id": agent.id})
+
+    def _advisory(self, agent: Agent, held: Intent, board: _Board) -> GuardDecision:
+        """Deferred scope: phase 1 collects the intent and the verdict waits (§6.2.3); the
+        winner of the latest boundary, while its winning intent is active, is allowed
+        (phase 3), so its `execute` can proceed."""
+        others = board.others(agent.id)
+        with self._lock:
+            granted = self._grants.get((held.scope, held.resource))
+        if granted is not None and granted == held.id:
+            return GuardDecision(
+                verdict=Verdict.ALLOW,
+                reason=f"won {held.resource!r} at the latest resolution boundary",
+                intent_id=held.id,
+                conflicting_intents=tuple(others),
+            )
+        return GuardDecision(
+            verdict=Verdict.BLOCKED,
+            reason=(
+                f"scope {held.scope!r} resolves conflicts in batches: intent recorded, pending "
+                f"resolution of {held.resource!r} at the next boundary"
+            ),
+            intent_id=held.id,
+            conflicting_intents=tuple(others),
+            check=GuardCheck.DEFERRED,
+        )
+
+    def _resolve_now(
+        self, agent: Agent, scope_def: Scope, held: Intent, board: _Board
+    ) -> GuardDecision:
+        intents = list(board.intents)
+        others = board.others(agent.id)
+        if not others:
+            return GuardDecision(verdict=Verdict.ALLOW, reason="no conflict", intent_id=held.id)
+        policy = scope_def.conflict_policy
+        if policy is ConflictPolicy.YIELD_ALL:
+            decision = self._yield_all(agent.id, held, others)
+        else:
+            decision = self._pick(agent, policy, held, intents, others)
+        self._count_conflict(held.scope, policy, decision.verdict)
+        return decision
+
+    def _pick(
+        self,
+        agent: Agent,
+        policy: ConflictPolicy,
+        held: Intent,
+        intents: list[Intent],
+        others: tuple[Intent, ...],
+    ) -> GuardDecision:
+        winner = winning_intent(intents, policy)
+        if winner is not None and winner.agent_id == agent.id:
+            return GuardDecision(
+                verdict=Verdict.ALLOW,
+                reason=f"won the conflict on {held.resource!r} under {policy.value}",
+                intent_id=held.id,
+                conflicting_intents=others,
+            )
+        return GuardDecision(
+            verdict=Verdict.CONFLICT,
+            reason=(
+                f"agent {winner.agent_id if winner else None}'s intent wins {held.resource!r} "
+                f"under {policy.value}"
+            ),
+            intent_id=held.id,
+            winning_intent=winner,
+            conflicting_intents=others,
+            check=GuardCheck.CONFLICT_POLICY,
+        )
+
+    def _yield_all(self, agent_id: UUID, held: Intent, others: tuple[Intent, ...]) -> GuardDecision:
+        need_id = self._yield_need(agent_id, held, others)
+        return GuardDecision(
+            verdict=Verdict.BLOCKED,
+            reason=(
+                f"scope {held.scope!r} yields all conflicts to the principal: "
+                f"{len({i.agent_id for i in others})} other agent(s) intend to act on "
+                f"{held.resource!r}; a need was filed"
+            ),
+            intent_id=held.id,
+            conflicting_intents=others,
+            need_id=need_id,
+            check=GuardCheck.CONFLICT_POLICY,
+        )
+
+    def _yield_need(self, agent_id: UUID, held: Intent, others: Iterable[Intent]) -> UUID | None:
+        rivals = sorted({str(i.agent_id) for i in others if i.agent_id != agent_id})
+        return self._ensure_need(
+            held.scope,
+            question=f"Who should act on {held.resource!r} in {held.scope!r}?",
+            context={
+                "kind": "yield_all",
+                "agent_id": str(agent_id),
+                "resource": held.resource,
+                "action": held.action,
+                "intent_id": str(held.id),
+                "rivals": rivals,
+            },
+            priority=0.8,
+            blocking=True,
+        )
+
+    # ------------------------------------------------------------------ deferred resolution
+
+    def resolve_deferred(self, scope: str, resource: str) -> dict[UUID, Verdict]:
+        """A resolution boundary for (scope, resource) (§6.2, P14–P18): agent id -> verdict."""
+        decisions = self.resolve_deferred_decisions(scope, resource)
+        return {agent_id: decision.verdict for agent_id, decision in decisions.items()}
+
+    def resolve_deferred_decisions(self, scope: str, resource: str) -> dict[UUID, GuardDecision]:
+        """`resolve_deferred` with the full decision (reason, winning intent) per agent."""
+        scope_def = self.space.get_scope(scope)
+        with self.space.lock(scope, resource):
+            board = self._board(scope, resource)
+            decisions = self._batch(scope_def, board)
+            intents = board.intents
+            self._remember_grant(scope, resource, decisions)
+        self.emitter.event(
+            EVENT_RESOLVE_DEFERRED,
+            scope=scope,
+            resource=resource,
+            intents=len(intents),
+            verdicts={str(a): d.verdict for a, d in decisions.items()},
+        )
+        return decisions
+
+    def _remember_grant(
+        self, scope: str, resource: str, decisions: Mapping[UUID, GuardDecision]
+    ) -> None:
+        winners = [d.intent_id for d in decisions.values() if d.allowed and d.intent_id]
+        with self._lock:
+            if winners:
+                self._grants[(scope, resource)] = winners[0]
+            else:
+                self._grants.pop((scope, resource), None)
+
+    def resolve_all_deferred(self) -> dict[tuple[str, str], dict[UUID, Verdict]]:
+        """A boundary for every deferred (scope, resource) with active intents, e.g. at the end
+        of a scheduling round (P16: the harness calls this, so no intent waits for its TTL)."""
+        pending = sorted(
+            {
+                (mark.scope, mark.resource)
+                for mark in self.space.active_marks(mark_type=MarkType.INTENT)
+                if isinstance(mark, Intent) and self._is_deferred(mark.scope)
+            }
+        )
+        return {key: self.resolve_deferred(*key) for key in pending}
+
+    def _is_deferred(self, scope: str) -> bool:
+        with suppress(MarkspaceError):
+            return bool(self.space.get_scope(scope).deferred)
+        return False
+
+    def _batch(self, scope_def: Scope, board: _Board) -> dict[UUID, GuardDecision]:
+        intents = list(board.intents)
+        agents = _agents_in_order(intents)
+        if not agents:
+            return {}
+        claim = board.claim(exclude=None)
+        if claim is not None:
+            return self._batch_claimed(claim, agents, intents)
+        policy = scope_def.conflict_policy
+        if policy is ConflictPolicy.YIELD_ALL and len(agents) > 1:
+            return self._batch_yield(intents, agents)
+        winner = winning_intent(intents, policy) or intents[0]
+        decisions = {
+            agent_id: self._batch_verdict(agent_id, winner, intents, policy) for agent_id in agents
+        }
+        for decision in decisions.values():
+            self._count_conflict(winner.scope, policy, decision.verdict)
+        return decisions
+
+    def _batch_verdict(
+        self, agent_id: UUID, winner: Intent, intents: list[Intent], policy: ConflictPolicy
+    ) -> GuardDecision:
+        mine = _latest([i for i in intents if i.agent_id == agent_id])
+        others = tuple(i for i in intents if i.agent_id != agent_id)
+        if agent_id == winner.agent_id:
+            return GuardDecision(
+                verdict=Verdict.ALLOW,
+                reason=f"won {winner.resource!r} at the resolution boundary ({policy.value})",
+                intent_id=winner.id,
+                conflicting_intents=others,
+            )
+        return GuardDecision(
+            verdict=Verdict.BLOCKED,
+            reason=(
+                f"lost {winner.resource!r} at the resolution boundary to agent "
+                f"{winner.agent_id} ({policy.value})"
+            ),
+            intent_id=mine.id if mine else None,
+            winning_intent=winner,
+            conflicting_intents=others,
+            check=GuardCheck.DEFERRED,
+        )
+
+    def _batch_claimed(
+        self, claim: Action, agents: list[UUID], intents: list[Intent]
+    ) -> dict[UUID, GuardDecision]:
+        holder = self._intent_behind(claim)
+        decisions: dict[UUID, GuardDecision] = {}
+        for agent_id in agents:
+            mine = _latest([i for i in intents if i.agent_id == agent_id])
+            if agent_id == claim.agent_id:
+                decisions[agent_id] = GuardDecision(
+                    verdict=Verdict.ALLOW,
+                    reason="this agent's action already holds the resource",
+                    intent_id=mine.id if mine else None,
+                )
+                continue
+            decisions[agent_id] = GuardDecision(
+                verdict=Verdict.BLOCKED,
+                reason=self._claimed(claim).reason,
+                intent_id=mine.id if mine else None,
+                winning_intent=holder,
+                winning_action=claim,
+                check=GuardCheck.CLAIMED,
+            )
+        return decisions
+
+    def _batch_yield(self, intents: list[Intent], agents: list[UUID]) -> dict[UUID, GuardDecision]:
+        decisions: dict[UUID, GuardDecision] = {}
+        for agent_id in agents:
+            mine = _latest([i for i in intents if i.agent_id == agent_id])
+            assert mine is not None
+            others = tuple(i for i in intents if i.agent_id != agent_id)
+            decisions[agent_id] = self._yield_all(agent_id, mine, others)
+        return decisions
+
+    # ------------------------------------------------------------------ post_action
+
+    def post_action(
+        self,
+        agent: Agent,
+        scope: str,
+        resource: str | None,
+        action: str,
+        result: Mapping[str, Any] | None = None,
+        intent_id: UUID | None = None,
+        failed: bool = False,
+    ) -> UUID:
+        """§9.2: record the outcome as an action mark that supersedes the intent; a race
+        with another agent's action is settled by §6.3 (the later action wins)."""
+        _require_agent(agent)
+        lock_resource = resource if resource is not None else ""
+        with self.space.lock(scope, lock_resource):
+            return self._record_action(agent, scope, resource, action, result, intent_id, failed)
+
+    def _record_action(
+        self,
+        agent: Agent,
+        scope: str,
+        resource: str | None,
+        action: str,
+        result: Mapping[str, Any] | None,
+        intent_id: UUID | None,
+        failed: bool,
+    ) -> UUID:
+        earlier = None
+        if resource is not None:
+            board = self._board(scope, resource)
+            earlier = None if failed else board.claim(exclude=agent.id)
+            if intent_id is None:
+                own = board.own(agent.id)
+                intent_id = own.id if own else None
+        supersedes = earlier.id if earlier is not None else intent_id
+        mark = Action(
+            scope=scope,
+            resource=resource,
+            action=action,
+            result=dict(result or {}),
+            failed=failed,
+            supersedes=supersedes,
+        )
+        mark_id = self.space.write(agent, mark)
+        self._after_fact(agent, scope, MarkType.ACTION)
+        if earlier is not None:
+            self._warn_superseded(earlier, mark_id, agent)
+        return mark_id
+
+    def _after_fact(self, agent: Agent, scope: str, mark_type: MarkType) -> None:
+        """Count a write the guard could not refuse (rate limit, envelope, telemetry)."""
+        now = self.space.now()
+        scope_def = self.space.get_scope(scope)
+        self.rate_limiter.record(scope_def.name, agent.id, scope_def.rate_limit, now)
+        self._count_written(agent.id, scope, mark_type, "accepted")
+        if self.envelope is None:
+            return
+        self._register(agent)
+        self.envelope.record_attempt(agent.id, scope, mark_type, now)
+        self._respond(agent, self.envelope.evaluate(agent.id, now), scope)
+
+    def _warn_superseded(self, earlier: Action, new_id: UUID, agent: Agent) -> None:
+        self._system_write(
+            Warning(
+                scope=earlier.scope,
+                invalidates=earlier.id,
+                topic=SUPERSEDED_TOPIC,
+                reason=(
+                    f"your action {earlier.action!r} on {earlier.resource!r} was superseded by "
+                    f"a later action ({new_id}) of agent {agent.name!r} ({agent.id})"
+                ),
+                severity=Severity.CAUTION,
+            )
+        )
+
+    # ------------------------------------------------------------------ execute
+
+    def execute(
+        self,
+        agent: Agent,
+        scope: str,
+        resource: str,
+        intent_action: str,
+        result_action: str,
+        tool_fn: Callable[[], Any],
+        confidence: float = 1.0,
+    ) -> tuple[GuardDecision, Any]:
+        """§9.2: pre_action, the tool only on ALLOW (P37), then post_action. The whole
+        check-act-record runs under ``space.lock(scope, resource)``, so the next agent on the
+        resource finds the committed action (P39), not a pending intent."""
+        outcome: dict[str, Any] = {"verdict": None, "tool_called": False, "failed": False}
+        try:
+            decision, result, error = self._execute(
+                agent, scope, resource, intent_action, result_action, tool_fn, confidence, outcome
+            )
+            if error is not None:
+                outcome["failed"] = True
+                raise error
+            return decision, result
+        except Exception as exc:
+            outcome["error"] = type(exc).__name__
+            raise
+        finally:
+            self.emitter.event(
+                EVENT_EXECUTE, agent_id=agent.id, scope=scope, resource=resource, **outcome
+            )
+
+    def _execute(
+        self,
+        agent: Agent,
+        scope: str,
+        resource: str,
+        intent_action: str,
+        result_action: str,
+        tool_fn: Callable[[], Any],
+        confidence: float,
+        outcome: dict[str, Any],
+    ) -> tuple[GuardDecision, Any, Exception | None]:
+        gate = self._verb_gate(agent, scope, result_action)
+        if gate is not None:
+            outcome.update(verdict=gate.verdict, check=gate.check, reason=gate.reason)
+            return gate, None, None
+        with self.space.lock(scope, resource):
+            decision = self.pre_action(agent, scope, resource, intent_action, confidence)
+            outcome.update(verdict=decision.verdict, check=decision.check, reason=decision.reason)
+            if decision.verdict is not Verdict.ALLOW:
+                return decision, None, None
+            outcome["tool_called"] = True
+            result, error = _call(tool_fn)
+            outcome["action_id"] = self._record_outcome(
+                agent, scope, resource, result_action, decision, result, error
+            )
+        return decision, result, error
+
+    def _verb_gate(self, agent: Agent, scope: str, result_action: str) -> GuardDecision | None:
+        scope_def = self.space.get_scope(scope)
+        if scope_def.allows_action_verb(result_action):
+            return None
+        return _denied(
+            _Refusal(
+                check=GuardCheck.VERB,
+                reason=f"action verb {result_action!r} is not allowed in scope {scope!r}",
+            )
+        )
+
+    def _record_outcome(
+        self,
+        agent: Agent,
+        scope: str,
+        resource: str,
+        result_action: str,
+        decision: GuardDecision,
+        result: Any,
+        error: Exception | None,
+    ) -> UUID:
+        """The action mark of a tool call: its result, or a failed action if it raised."""
+        if error is None:
+            return self.post_action(
+                agent, scope, resource, result_action, as_result(result), decision.intent_id
+            )
+        return self.post_action(
+            agent,
+            scope,
+            resource,
+            result_action,
+            {"error": type(error).__name__, "message": str(error)[:1000]},
+            intent_id=decision.intent_id,
+            failed=True,
+        )
+
+    # ------------------------------------------------------------------ write_mark
+
+    def write_mark(self, agent: Agent, mark: Mark) -> UUID:
+        """The single enforcement boundary for observations, warnings and needs (§9.7):
+        budget, barrier, scope rate limit and envelope, then ``space.write``. A rejection
+        stores nothing (P42) and raises a `WriteRejected`; intents and actions raise
+        `GuardedMarkType` (a ValueError). Every call emits one telemetry event (P58)."""
+        mark_type = getattr(mark, "mark_type", None)
+        scope = getattr(mark, "scope", None)
+        agent_id = getattr(agent, "id", None)
+        verdict, check, mark_id = "rejected", None, None
+        try:
+            mark_id = self._write_mark(agent, mark)
+            verdict = "accepted"
+            return mark_id
+        except WriteRejected as exc:
+            check = exc.check
+            raise
+        except Exception as exc:
+            check = type(exc).__name__
+            raise
+        finally:
+            self._count_written(agent_id, scope, mark_type, verdict)
+            self.emitter.event(
+                EVENT_WRITE_MARK,
+                agent_id=agent_id,
+                scope=scope,
+                mark_type=mark_type,
+                verdict=verdict,
+                check=check,
+                mark_id=mark_id,
+            )
+
+    def _write_mark(self, agent: Agent, mark: Mark) -> UUID:
+        _require_agent(agent)
+        if isinstance(mark, Intent | Action):
+            raise GuardedMarkType(
+                f"{mark.mark_type.value} marks go through pre_action/post_action, not write_mark"
+            )
+        if not isinstance(mark, Mark):
+            raise InvalidMark(f"expected a mark, got {type(mark).__name__}")
+        refusal = self._budget_refusal(agent) or self._barrier_refusal(
+            agent, mark.scope, (mark.mark_type,)
+        )
+        topic = getattr(mark, "topic", None)
+        if refusal is not None:
+            self._observe_rejected(agent, mark.scope, mark.mark_type, topic)
+            raise _REJECTIONS[refusal.check](refusal.reason, refusal.check)
+        self.space.get_scope(mark.scope)  # UnknownScope before anything is counted
+        admitted = self._admit(agent, mark.scope, mark.mark_type, topic)
+        if isinstance(admitted, _Refusal):
+            raise _REJECTIONS[admitted.check](admitted.reason, admitted.check)
+        return self._store(agent, mark, admitted)
+
+    # ------------------------------------------------------------------ shared checks
+
+    def _budget_refusal(self, agent: Agent) -> _Refusal | None:
+        status = self.budget_status(agent)
+        if status is None or not status.stopped:
+            return None
+        spent = ", ".join(dimension.value for dimension in status.exhausted)
+        return _Refusal(
+            check=GuardCheck.BUDGET,
+            reason=f"agent {agent.name!r} has exhausted its token budget ({spent})",
+        )
+
+    def _barrier_refusal(
+        self, agent: Agent, scope: str, mark_types: Iterable[MarkType]
+    ) -> _Refusal | None:
+        barrier = self._barriers.get(agent.id)
+        if barrier is None:
+            return None
+        for mark_type in mark_types:
+            if not barrier.is_allowed(scope, mark_type):
+                return _Refusal(
+                    check=GuardCheck.BARRIER,
+                    reason=(
+                        f"agent {agent.name!r} may no longer write {MarkType(mark_type).value} "
+                        f"marks in scope {scope!r}: revoked by its barrier until the principal "
+                        "restores it"
+                    ),
+                )
+        return None
+
+    def _admit(
+        self, agent: Agent, scope: str, mark_type: MarkType, topic: str | None
+    ) -> _Admission | _Refusal:
+        """Rate limit, then envelope, for one write about to happen. The reservation is
+        undone when a later step refuses the write."""
+        now = self.space.now()
+        scope_def = self.space.get_scope(scope)
+        reservation = self.rate_limiter.reserve(scope_def.name, agent.id, scope_def.rate_limit, now)
+        self._register(agent)
+        finding = self._observe(agent, scope, mark_type, topic, now)
+        if not reservation.allowed:
+            return _Refusal(check=GuardCheck.RATE_LIMIT, reason=reservation.reason)
+        refusal = self._envelope_refusal(agent, scope, mark_type, finding)
+        if refusal is not None:
+            self.rate_limiter.release(scope_def.name, agent.id, reservation)
+            return refusal
+        return _Admission(scope=scope_def.name, reservation=reservation)
+
+    def _store(self, agent: Agent, mark: Mark, admitted: _Admission) -> UUID:
+        try:
+            mark_id = self.space.write(agent, mark)
+        except Exception:
+            self.rate_limiter.release(admitted.scope, agent.id, admitted.reservation)
+            raise
+        if mark.mark_type is MarkType.INTENT:
+            self._count_written(agent.id, mark.scope, mark.mark_type, "accepted")
+        return mark_id
+
+    def _observe(
+        self, agent: Agent, scope: str, mark_type: MarkType, topic: str | None, now: float
+    ) -> Finding | None:
+        if self.envelope is None:
+            return None
+        self.envelope.record_attempt(agent.id, scope, mark_type, now, topic)
+        finding = self.envelope.evaluate(agent.id, now)
+        self._respond(agent, finding, scope)
+        return finding
+
+    def _observe_rejected(
+        self, agent: Agent, scope: str, mark_type: MarkType, topic: str | None
+    ) -> None:
+        """A write the barrier or budget refused is still an attempt the envelope sees."""
+        if self.envelope is None:
+            return
+        self._register(agent)
+        with suppress(MarkspaceError):
+            self._observe(agent, scope, mark_type, topic, self.space.now())
+
+    def _envelope_refusal(
+        self, agent: Agent, scope: str, mark_type: MarkType, finding: Finding | None
+    ) -> _Refusal | None:
+        if finding is None or finding.verdict is not EnvelopeVerdict.RESTRICTED:
+            return None
+        barrier = self._barriers.get(agent.id)
+        if barrier is None or barrier.is_allowed(scope, mark_type):
+            return None
+        return _Refusal(
+            check=GuardCheck.ENVELOPE,
+            reason=f"agent {agent.name!r} is restricted by the envelope: {finding.reason}",
+        )
+
+    def _register(self, agent: Agent) -> None:
+        if self.envelope is not None and not self.envelope.is_exempt(agent.id):
+            self.envelope.register(agent)
+
+    # ------------------------------------------------------------------ escalation
+
+    def _respond(self, agent: Agent, finding: Finding, scope: str) -> None:
+        if not finding.new_flag:
+            return
+        if finding.verdict is EnvelopeVerdict.RESTRICTED:
+            self._apply_restriction(agent, finding, finding.scope or scope)
+        elif finding.verdict is EnvelopeVerdict.FLAGGED:
+            self._flag_concentration(finding)
+
+    def _apply_restriction(self, agent: Agent, finding: Finding, scope: str) -> None:
+        """§9.7 escalation: one scope narrowed per flag (P43); after
+        ``global_escalation_threshold`` flags, needs are required everywhere."""
+        barrier = self.barrier_for(agent.id)
+        mark_type = finding.mark_type or MarkType.OBSERVATION
+        level = barrier.record_flag(scope)
+        barrier.narrow(scope, mark_type)
+        if level >= self.global_escalation_threshold:
+            barrier.require_need_all()
+        invalidated = self._invalidate_recent(agent.id, scope, finding)
+        self._ensure_need(
+            scope,
+            question=f"Agent {agent.name!r} was restricted by the envelope: review and restore?",
+            context={
+                "kind": "envelope_restriction",
+                "agent_id": str(agent.id),
+                "anomaly": finding.kind.value if finding.kind else None,
+                "mark_type": mark_type.value,
+                "window": finding.window,
+                "flag_count": level,
+                "reason": finding.reason,
+            },
+            priority=0.9,
+            blocking=False,
+        )
+        self.emitter.event(
+            EVENT_RESTRICTION,
+            agent_id=agent.id,
+            scope=scope,
+            mark_type=mark_type,
+            flag_count=level,
+            global_need=level >= self.global_escalation_threshold,
+            invalidated=len(invalidated),
+            reason=finding.reason,
+        )
+
+    def _invalidate_recent(self, agent_id: UUID, scope: str, finding: Finding) -> list[UUID]:
+        window = self.envelope.window_seconds if self.envelope else 0.0
+        since = self.space.now() - window
+        recent = [
+            mark
+            for mark in self._read(scope, mark_type=MarkType.OBSERVATION)
+            if mark.agent_id == agent_id and (mark.created_at or 0.0) >= since
+        ]
+        warned = []
+        for mark in recent:
+            warning_id = self._system_write(
+                Warning(
+                    scope=mark.scope,
+                    invalidates=mark.id,
+                    topic=mark.topic,
+                    reason=f"written by an agent the envelope restricted: {finding.reason}",
+                    severity=Severity.CAUTION,
+                )
+            )
+            if warning_id is not None:
+                warned.append(warning_id)
+        return warned
+
+    def _flag_concentration(self, finding: Finding) -> None:
+        if finding.scope is None or finding.topic is None:
+            return
+        self._system_write(
+            Warning(
+                scope=finding.scope,
+                topic=finding.topic,
+                reason=f"concentration: {finding.reason}",
+                severity=Severity.INFO,
+            )
+        )
+
+    # ------------------------------------------------------------------ budgets
+
+    def budget_status(self, agent: Agent) -> BudgetStatus | None:
+        return self.budgets.status(agent.id, _budget_of(agent))
+
+    def can_activate(self, agent: Agent) -> bool:
+        return self._budget_refusal(agent) is None
+
+    def check_activation(self, agent: Agent) -> GuardDecision:
+        """ALLOW, or DENIED once the lifetime budget is spent (P61); a larger budget on the
+        agent's manifest makes it eligible again (P62)."""
+        refusal = self._budget_refusal(agent)
+        if refusal is not None:
+            return _denied(refusal)
+        return GuardDecision(verdict=Verdict.ALLOW, reason="within budget")
+
+    def record_round_tokens(
+        self,
+        agent: Agent,
+        input_tokens: int,
+        output_tokens: int,
+        duration: float | None = None,
+    ) -> BudgetStatus | None:
+        """Add one activation's token usage (P63: totals only grow); writes the one-time
+        non-blocking warning Need per dimension (P60). No budget: no tracking (P59)."""
+        record = self.budgets.record(agent.id, _budget_of(agent), input_tokens, output_tokens)
+        labels = {"agent_id": agent.id}
+        self.emitter.count(TOKENS_INPUT, labels, input_tokens)
+        self.emitter.count(TOKENS_OUTPUT, labels, output_tokens)
+        if duration is not None:
+            self.emitter.observe(ROUND_DURATION, labels, duration)
+        for dimension in record.warnings:
+            self._budget_need(agent, dimension, record.status)
+        if record.status is not None:
+            for dimension in BudgetDimension:
+                remaining = record.status.remaining(dimension)
+                if remaining is not None:
+                    self.emitter.gauge(
+                        BUDGET_REMAINING,
+                        {"agent_id": agent.id, "dimension": dimension.value},
+                        remaining,
+                    )
+        self.emitter.event(
+            EVENT_ROUND,
+            agent_id=agent.id,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            stopped=bool(record.status and record.status.stopped),
+        )
+        return record.status
+
+    def input_token_limit(self, agent: Agent) -> int | None:
+        budget = _budget_of(agent)
+        return budget.max_input_tokens_per_round if budget else None
+
+    def output_token_limit(self, agent: Agent) -> int | None:
+        """The ``max_tokens`` to configure the agent's LLM call with (§9.10 rule 2)."""
+        budget = _budget_of(agent)
+        return budget.max_output_tokens_per_round if budget else None
+
+    def read(
+        self,
+        agent: Agent,
+        scope: str,
+        *,
+        resource: str | None = None,
+        topic: str | None = None,
+        mark_type: MarkType | None = None,
+        min_strength: float = 0.01,
+        estimate: Callable[[Mark], int] | None = None,
+    ) -> list[Mark]:
+        """An agent's read (its visibility applies), cut to its per-round input budget
+        (§9.10 rule 1: strongest first), counted in telemetry."""
+        marks = self.space.read(
+            scope,
+            resource=resource,
+            topic=topic,
+            mark_type=mark_type,
+            min_strength=min_strength,
+            reader=agent,
+        )
+        limit = self.input_token_limit(agent)
+        if estimate is None:
+            marks = _truncate(marks, limit)
+        else:
+            marks = _truncate(marks, limit, estimate)
+        self.emitter.count(MARKS_READ, {"agent_id": agent.id, "scope": scope}, len(marks))
+        return marks
+
+    def _budget_need(
+        self, agent: Agent, dimension: BudgetDimension, status: BudgetStatus | None
+    ) -> None:
+        scope = self.notice_scope or _home_scope(agent)
+        if scope is None or status is None:
+            return
+        total = status.input_total if dimension is BudgetDimension.INPUT else status.output_total
+        used = status.input_used if dimension is BudgetDimension.INPUT else status.output_used
+        self._system_write(
+            Need(
+                scope=scope,
+                question=(
+                    f"Agent {agent.name!r} has used {used} of its {total} {dimension.value} "
+                    "tokens: raise its budget?"
+                ),
+                context={
+                    "kind": "budget_warning",
+                    "agent_id": str(agent.id),
+                    "dimension": dimension.value,
+                    "used": used,
+                    "total": total,
+                },
+                priority=0.6,
+                blocking=False,
+            )
+        )
+
+    # ------------------------------------------------------------------ telemetry gauges
+
+    def emit_gauges(self) -> None:
+        """Gauges of §9.11 from the space: active marks and pending needs per scope."""
+        try:
+            active = list(self.space.active_marks())
+        except Exception:
+            return
+        counts: dict[tuple[str, str], int] = {}
+        pending: dict[str, int] = {}
+        for mark in active:
+            key = (mark.scope, mark.mark_type.value)
+            counts[key] = counts.get(key, 0) + 1
+            if isinstance(mark, Need) and mark.resolved_by is None:
+                pending[mark.scope] = pending.get(mark.scope, 0) + 1
+        for (scope, mark_type), count in sorted(counts.items()):
+            self.emitter.gauge(ACTIVE_MARKS, {"scope": scope, "mark_type": mark_type}, count)
+        for scope, count in sorted(pending.items()):
+            self.emitter.gauge(NEEDS_PENDING, {"scope": scope}, count)
+        self._emit_totals()
+
+    def _emit_totals(self) -> None:
+        count_marks = getattr(self.space, "count_marks", None)
+        if not callable(count_marks):
+            return
+        try:
+            totals = count_marks()
+        except Exception:
+            return
+        for (scope, mark_type), count in sorted(dict(totals).items()):
+            self.emitter.gauge(TOTAL_MARKS, {"scope": scope, "mark_type": str(mark_type)}, count)
+
+    def _count_written(self, agent_id: Any, scope: Any, mark_type: Any, verdict: str) -> None:
+        self.emitter.count(
+            MARKS_WRITTEN,
+            {
+                "agent_id": agent_id,
+                "scope": scope,
+                "mark_type": getattr(mark_type, "value", mark_type),
+                "verdict": verdict,
+            },
+        )
+
+    def _count_conflict(self, scope: str, policy: ConflictPolicy, verdict: Verdict) -> None:
+        self.emitter.count(
+            CONFLICTS_RESOLVED,
+            {"scope": scope, "policy": policy.value, "outcome": verdict.value},
+        )
+
+    # ------------------------------------------------------------------ reading helpers
+
+    def _read(
+        self, scope: str, *, resource: str | None = None, mark_type: MarkType | None = None
+    ) -> list[Any]:
+        marks = self.space.read(scope, resource=resource, mark_type=mark_type, min_strength=ACTIVE)
+        return [mark for mark in marks if mark.scope == scope]
+
+    def _board(self, scope: str, resource: str) -> _Board:
+        """The active intents on (scope, resource) and the actions holding it. Actions come
+        from `claims`, not from a read: a warning lowers an action's strength (§9.5) but the
+        action still happened, and P39 makes any action a claim."""
+        marks = sorted(self._read(scope, resource=resource), key=_write_order)
+        return _Board(
+            intents=tuple(m for m in marks if isinstance(m, Intent)),
+            actions=tuple(self.space.claims(scope, resource)),
+        )
+
+    # ------------------------------------------------------------------ system writes
+
+    def _ensure_need(
+        self,
+        scope: str,
+        *,
+        question: str,
+        context: dict[str, Any],
+        priority: float,
+        blocking: bool,
+    ) -> UUID | None:
+        """An unresolved Need of the system agent with this context, written if missing."""
+        for mark in self._read(scope, mark_type=MarkType.NEED):
+            if (
+                isinstance(mark, Need)
+                and mark.agent_id == self._system.id
+                and mark.resolved_by is None
+                and _same_request(mark.context, context)
+            ):
+                return mark.id
+        return self._system_write(
+            Need(
+                scope=scope,
+                question=question,
+                context=context,
+                priority=priority,
+                blocking=blocking,
+            )
+        )
+
+    def _system_write(self, mark: Mark) -> UUID | None:
+        """Best effort: the guard's own marks never change the agent's verdict."""
+        try:
+            return self.space.write(self._system_for(mark.scope), mark)
+        except MarkspaceError as exc:
+            self.emitter.event(
+                EVENT_SYSTEM_WRITE_FAILED,
+                scope=mark.scope,
+                mark_type=mark.mark_type,
+                error=type(exc).__name__,
+                message=str(exc),
+            )
+            return None
+
+    def _system_for(self, scope: str) -> Agent:
+        """The system agent, with warnings and needs allowed under ``scope``'s root."""
+        if self._fixed_system is not None:
+            return self._fixed_system
+        root = scope.split("/", 1)[0]
+        with self._lock:
+            if root not in self._system_grants:
+                self._system_grants[root] = SYSTEM_TYPES
+                self._system = Agent(
+                    id=SYSTEM_AGENT_ID,
+                    name=SYSTEM_AGENT_NAME,
+                    scopes=dict(self._system_grants),
+                )
+            return self._system
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _require_agent(agent: object) -> None:
+    if not isinstance(agent, Agent):
+        raise InvalidArgument(f"expected an Agent, got {type(agent).__name__}")
+
+
+def _call(tool_fn: Callable[[], Any]) -> tuple[Any, Exception | None]:
+    try:
+        return tool_fn(), None
+    except Exception as exc:
+        return None, exc
+
+
+def _denied(refusal: _Refusal) -> GuardDecision:
+    return GuardDecision(verdict=Verdict.DENIED, reason=refusal.reason, check=refusal.check)
+
+
+def _same_plan(own: Intent | None, proposed: Intent) -> bool:
+    return own is not None and (own.action, own.confidence) == (
+        proposed.action,
+        proposed.confidence,
+    )
+
+
+def _write_order(mark: Mark) -> tuple[float, str]:
+    return (mark.created_at or 0.0, str(mark.id))
+
+
+def _latest(marks: list[Any]) -> Any:
+    return max(marks, key=_write_order) if marks else None
+
+
+def _agents_in_order(intents: list[Intent]) -> list[UUID]:
+    seen: dict[UUID, None] = {}
+    for intent in intents:
+        if intent.agent_id is not None:
+            seen.setdefault(intent.agent_id, None)
+    return list(seen)
+
+
+def _same_request(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    keys = ("kind", "agent_id", "resource", "action", "mark_type", "window")
+    return all(stored.get(key) == wanted.get(key) for key in keys)
+
+
+def _budget_of(agent: Agent) -> Any:
+    return agent.manifest.budget if agent.manifest is not None else None
+
+
+def _home_scope(agent: Agent) -> str | None:
+    return min(agent.scopes) if agent.scopes else None
+
+
+def as_result(value: Any) -> dict[str, Any]:
+    """A tool's return value as the JSON object an action mark stores: a JSON object as is,
+    any other JSON value under ``"value"``, anything else as its ``repr`` under ``"repr"``."""
+    if value is None:
+        return {}
+    try:
+        frozen = freeze_json(value)
+    except ValueError:
+        return {"repr": repr(value)[:10_000]}
+    return dict(frozen) if isinstance(frozen, dict) else {"value": frozen}
+
+
+__all__ = [
+    "ACTIVE",
+    "SYSTEM_AGENT_ID",
+    "BarrierDenied",
+    "BudgetExhausted",
+    "EnvelopeRestricted",
+    "Guard",
+    "GuardCheck",
+    "GuardDecision",
+    "GuardedMarkType",
+    "RateLimited",
+    "Verdict",
+    "WriteRejected",
+    "as_result",
+]

@@ -1,0 +1,143 @@
+-- Statements of the durable mark space (agentpost.marks.postgres). Tables and the strength
+-- functions are in sql/0007_marks.sql. Every mark-returning query yields the columns in the
+-- order of postgres.MARK_COLUMNS, then (reads) the effective strength.
+-- The space parameter is always the space's name, and the now parameter the space's clock,
+-- never now(): the injectable clock drives the SQL too.
+
+-- name: write
+-- A batch of checked marks (JSON rows built by PostgresMarkSpace._row), in one statement.
+SELECT n, id, created_at FROM agentpost.mark_write(%(space)s, %(now)s, %(rows)s::json)
+
+-- name: get
+SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes, resource,
+       action, topic, confidence, source, invalidates, severity, priority, blocking,
+       resolved_by, failed, body
+  FROM agentpost.marks
+ WHERE id = %(id)s AND space = %(space)s
+
+-- name: read
+-- §8.2: one scope (exact), optional filters, strength > 0 and >= min_strength.
+SELECT * FROM agentpost.mark_read(%(space)s, %(scope)s, %(resource)s, %(topic)s,
+                                  %(mark_type)s, %(min_strength)s, %(now)s, %(prune)s)
+
+-- name: active_marks
+SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes, resource,
+       action, topic, confidence, source, invalidates, severity, priority, blocking,
+       resolved_by, failed, body, strength
+  FROM agentpost.marks_at(%(space)s, %(now)s)
+ WHERE (%(scope)s::text IS NULL OR scope = %(scope)s)
+   AND (%(mark_type)s::text IS NULL OR mark_type = %(mark_type)s)
+   AND fades_at >= %(prune)s
+   AND strength > 0
+
+-- name: strength_of_stored
+SELECT agentpost.mark_strength(%(space)s, %(id)s, %(now)s)
+
+-- name: strength_of_unstored
+-- A mark this space does not hold: decay and trust from the given fields, then supersession
+-- and warnings by its id (if it has one), as for a stored mark.
+SELECT s.strength
+  FROM agentpost.mark_adjusted_strength(
+           %(space)s, %(id)s::uuid,
+           agentpost.mark_base_strength(%(mark_type)s::text, %(initial_strength)s::float8,
+                                        %(created_at)s::float8, %(now)s::float8,
+                                        %(half_life)s::float8, %(ttl)s::float8,
+                                        %(resolved)s::boolean, %(source)s::text),
+           %(now)s::float8) s
+
+-- name: all_marks
+SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes, resource,
+       action, topic, confidence, source, invalidates, severity, priority, blocking,
+       resolved_by, failed, body
+  FROM agentpost.marks
+ WHERE space = %(space)s
+   AND (%(scope)s::text IS NULL OR scope = %(scope)s)
+   AND (%(mark_type)s::text IS NULL OR mark_type = %(mark_type)s)
+ ORDER BY seq
+
+-- name: count
+SELECT count(*) FROM agentpost.marks WHERE space = %(space)s
+
+-- name: count_marks
+SELECT scope, mark_type, count(*) FROM agentpost.marks WHERE space = %(space)s GROUP BY 1, 2
+
+-- name: superseded
+SELECT EXISTS (SELECT 1 FROM agentpost.marks WHERE space = %(space)s AND supersedes = %(id)s)
+
+-- name: unresolved_needs
+-- §8.4: needs neither resolved nor superseded, whatever their strength, in write order.
+SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes, resource,
+       action, topic, confidence, source, invalidates, severity, priority, blocking,
+       resolved_by, failed, body
+  FROM agentpost.marks m
+ WHERE m.space = %(space)s AND m.mark_type = 'need' AND m.resolved_by IS NULL
+   AND (SELECT true FROM agentpost.marks x
+         WHERE x.space = m.space AND x.supersedes = m.id LIMIT 1) IS NULL
+ ORDER BY m.seq
+
+-- name: claims
+-- P39: actions on one resource that are neither failed nor superseded, whatever warnings say
+-- about them (a warning contests a fact, it does not undo it: §9.5), in write order.
+SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes, resource,
+       action, topic, confidence, source, invalidates, severity, priority, blocking,
+       resolved_by, failed, body
+  FROM agentpost.marks m
+ WHERE m.space = %(space)s AND ARRAY[m.scope, m.resource] = ARRAY[%(scope)s, %(resource)s]
+   AND m.mark_type = 'action' AND NOT m.failed
+   AND (SELECT true FROM agentpost.marks x
+         WHERE x.space = m.space AND x.supersedes = m.id LIMIT 1) IS NULL
+ ORDER BY m.seq
+
+-- name: subscribe
+-- P48/P49: the new patterns replace the old, and what was queued before goes with them.
+WITH dropped AS (
+    DELETE FROM agentpost.mark_watch WHERE space = %(space)s AND agent_id = %(agent_id)s
+)
+INSERT INTO agentpost.mark_subscriptions AS s (space, agent_id, patterns, read_scopes)
+VALUES (%(space)s, %(agent_id)s, %(patterns)s::jsonb, %(read_scopes)s::text[])
+ON CONFLICT (space, agent_id)
+DO UPDATE SET patterns = excluded.patterns, read_scopes = excluded.read_scopes
+RETURNING s.agent_id
+
+-- name: unsubscribe
+WITH dropped AS (
+    DELETE FROM agentpost.mark_watch WHERE space = %(space)s AND agent_id = %(agent_id)s
+)
+DELETE FROM agentpost.mark_subscriptions
+ WHERE space = %(space)s AND agent_id = %(agent_id)s
+RETURNING agent_id
+
+-- name: take_watched
+-- P51: deleting is taking; of two concurrent polls, a queued mark goes to one only. Marks
+-- are handed out only while they match the current subscription (P50): a write racing a
+-- re-subscribe or an unsubscribe may queue a mark under the old patterns after the queue
+-- was dropped; such a mark is dropped here instead of delivered.
+WITH taken AS (
+    DELETE FROM agentpost.mark_watch
+     WHERE space = %(space)s AND agent_id = %(agent_id)s
+    RETURNING seq, mark_id, projected
+)
+SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
+       m.supersedes, m.resource, m.action, m.topic, m.confidence, m.source, m.invalidates,
+       m.severity, m.priority, m.blocking, m.resolved_by, m.failed, m.body, t.projected
+  FROM taken t
+  JOIN agentpost.marks m ON m.id = t.mark_id
+  JOIN agentpost.mark_subscriptions s ON s.space = %(space)s AND s.agent_id = %(agent_id)s
+ WHERE agentpost.mark_watch_matches(s.patterns, m.scope, m.mark_type, m.topic, m.resource)
+ ORDER BY t.seq
+
+-- name: peek_watched
+SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
+       m.supersedes, m.resource, m.action, m.topic, m.confidence, m.source, m.invalidates,
+       m.severity, m.priority, m.blocking, m.resolved_by, m.failed, m.body, w.projected
+  FROM agentpost.mark_watch w
+  JOIN agentpost.marks m ON m.id = w.mark_id
+  JOIN agentpost.mark_subscriptions s ON s.space = w.space AND s.agent_id = w.agent_id
+ WHERE w.space = %(space)s AND w.agent_id = %(agent_id)s
+   AND agentpost.mark_watch_matches(s.patterns, m.scope, m.mark_type, m.topic, m.resource)
+ ORDER BY w.seq
+
+-- name: lock
+-- The guard's serialization of one (scope, resource) of one space, across processes, until
+-- the transaction ends. The key is 'agentpost.marks:' + the JSON array [space, scope, resource].
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))

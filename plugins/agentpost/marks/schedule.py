@@ -1,0 +1,166 @@
+"""Manifest-driven scheduling of source agents (spec §14): `Scheduler` tracks when each
+agent with a `schedule_interval` last ran and says who is due. No marks are involved.
+
+Every method but `start`/`stop` reads time from the injected clock only, so schedules are
+testable without real time (`Scheduler(clock=...)`, `set_clock`).
+
+Readings chosen where the spec leaves room:
+
+- `due()` lists agents in registration order. An agent is due when it never ran, or when
+  `now - last_activation >= schedule_interval` (so consecutive activations through
+  `tick_all` are at least the interval apart: P56). A clock that steps back makes nobody due.
+- `mark_activated(agent)` records an activation at the clock's now, whether or not the agent
+  was due (the caller ran it); an unregistered agent is ignored.
+- `register` of an agent already registered behaves as `update` (keeps the last activation);
+  an agent without manifest or interval is ignored by `register` and dropped by `update`.
+- Agents are identified by `agent.id`; the newest Agent object given is what `due` returns.
+- The background loop calls `on_due(agents)` when some are due; an exception from `on_due`
+  is logged and the loop keeps going.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from uuid import UUID
+
+from agentpost.marks.core import Agent, InvalidArgument
+from agentpost.marks.space import ClockSpec, make_clock
+
+log = logging.getLogger(__name__)
+
+
+def interval_of(agent: Agent) -> float | None:
+    """The agent's `schedule_interval`, or None when it is not scheduled."""
+    return None if agent.manifest is None else agent.manifest.schedule_interval
+
+
+@dataclass
+class _Schedule:
+    agent: Agent
+    interval: float
+    last: float | None = None
+
+    def is_due(self, now: float) -> bool:
+        return self.last is None or now - self.last >= self.interval
+
+
+class Scheduler:
+    """Which scheduled agents are due, from their manifests and last activations."""
+
+    def __init__(self, clock: ClockSpec = None) -> None:
+        self._clock = make_clock(clock)
+        self._lock = threading.Lock()
+        self._schedules: dict[UUID, _Schedule] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def now(self) -> float:
+        return float(self._clock())
+
+    def set_clock(self, t: ClockSpec) -> None:
+        """Fix time at `t` (or install another clock)."""
+        self._clock = make_clock(t)
+
+    def register(self, agent: Agent) -> None:
+        """Schedule `agent` by its manifest's interval; due at once if it never ran."""
+        _check_agent(agent)
+        with self._lock:
+            self._put(agent, keep_unscheduled=True)
+
+    def update(self, agent: Agent) -> None:
+        """Take a new configuration of a registered agent, keeping its last activation so
+        it is not re-triggered early; without an interval it is no longer scheduled."""
+        _check_agent(agent)
+        with self._lock:
+            self._put(agent, keep_unscheduled=False)
+
+    def _put(self, agent: Agent, keep_unscheduled: bool) -> None:
+        interval = interval_of(agent)
+        current = self._schedules.get(agent.id)
+        if interval is None:
+            if not keep_unscheduled:
+                self._schedules.pop(agent.id, None)
+            return
+        last = None if current is None else current.last
+        self._schedules[agent.id] = _Schedule(agent, interval, last)
+
+    def unregister(self, agent: Agent) -> bool:
+        with self._lock:
+            return self._schedules.pop(agent.id, None) is not None
+
+    def scheduled(self) -> list[Agent]:
+        with self._lock:
+            return [s.agent for s in self._schedules.values()]
+
+    def last_activation(self, agent: Agent) -> float | None:
+        with self._lock:
+            schedule = self._schedules.get(agent.id)
+            return None if schedule is None else schedule.last
+
+    def due(self) -> list[Agent]:
+        """Agents whose interval has elapsed since their last activation (or never ran)."""
+        now = self.now()
+        with self._lock:
+            return [s.agent for s in self._schedules.values() if s.is_due(now)]
+
+    def mark_activated(self, agent: Agent) -> None:
+        """Record that `agent` ran now."""
+        now = self.now()
+        with self._lock:
+            schedule = self._schedules.get(agent.id)
+            if schedule is not None:
+                schedule.last = now
+
+    def tick_all(self) -> list[Agent]:
+        """`due()` and `mark_activated()` of each, as one step (no agent is handed out
+        twice by concurrent ticks)."""
+        now = self.now()
+        with self._lock:
+            due = [s for s in self._schedules.values() if s.is_due(now)]
+            for schedule in due:
+                schedule.last = now
+            return [s.agent for s in due]
+
+    def start(
+        self, poll_interval: float, on_due: Callable[[list[Agent]], object] | None = None
+    ) -> None:
+        """Run `tick_all()` every `poll_interval` seconds of real time in a daemon thread,
+        passing due agents to `on_due`. The only part that uses real time."""
+        if not poll_interval > 0:
+            raise InvalidArgument("poll_interval must be > 0")
+        if self._thread is not None and self._thread.is_alive():
+            raise InvalidArgument("the scheduler is already running")
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._loop, args=(poll_interval, on_due), name="marks-scheduler", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        """Stop the background loop and wait for it (at most `timeout` seconds)."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _loop(self, poll_interval: float, on_due: Callable[[list[Agent]], object] | None) -> None:
+        while not self._stop.is_set():
+            agents = self.tick_all()
+            if agents and on_due is not None:
+                try:
+                    on_due(agents)
+                except Exception:
+                    log.exception("scheduler on_due callback failed")
+            self._stop.wait(poll_interval)
+
+
+def _check_agent(agent: object) -> None:
+    if not isinstance(agent, Agent):
+        raise InvalidArgument(f"expected an Agent, got {type(agent).__name__}")

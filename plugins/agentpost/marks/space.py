@@ -1,0 +1,683 @@
+"""`MarkSpace`: the mark space in memory (spec §8, §8.6, §13.3–13.4), and
+`MarkSpaceProtocol`, the interface the Postgres backend shares.
+
+Marks are immutable; strength is computed at read time from the stored fields and `now` and
+never written back (P28). One `RLock` guards all state; write hooks run after it is released.
+
+Reads never scan the space. Each written mark goes into time-ordered buckets keyed by
+(scope, mark_type, resource) for intents and actions, (scope, mark_type, topic) for
+observations and warnings, and (scope, mark_type). Marks enter a bucket in created_at order
+(created_at is monotonic), so a read bisects past the marks too old to reach `min_strength`:
+intents older than the bucket's longest TTL, observations and warnings older than
+`half_life * log2(max_weight / min_strength)`. Superseded marks (permanently at strength 0)
+are dropped from the buckets when a bucket is half dead; they stay in `get()`. A supersession
+map (superseded id -> superseding id) and a warnings-by-target map make strength O(1) plus
+the number of live warnings on the mark.
+
+Readings chosen where the spec leaves room (also in docs/design.md):
+
+- `read(scope, ...)` reads that exact scope; marks of child scopes are not included (§13.1
+  calls hierarchical matching out for watch patterns only). Visibility and decay come from the
+  nearest defined scope (P26). A scope with no defined ancestor raises `UnknownScope`.
+- `read` never returns a mark of effective strength 0 (superseded, resolved, expired, fully
+  invalidated), whatever `min_strength`; otherwise it returns strength >= min_strength.
+- Each mark keeps the DecayConfig of the scope it was written under (the Postgres backend
+  stores it in the row), so re-registering a scope affects later marks only.
+- `created_at = max(clock(), last created_at)`: monotonic even if the clock steps back (P32).
+- `resolve(need_id, action_id)` writes the resolved copy as the need's own agent; it refuses
+  an unknown need (`UnknownMark`), a mark that is not a need or is already resolved or
+  superseded, and an `action_id` that names a stored mark that is not an action
+  (`InvalidMark`). An `action_id` unknown to this space is accepted (the principal's action may
+  be recorded elsewhere).
+- Subscriptions: re-subscribing replaces the patterns AND drops what was queued (those marks
+  were written before the new `subscribe()`, P49). Queued marks follow scope visibility for
+  the subscriber: projected in PROTECTED scopes, never queued in CLASSIFIED ones, unless the
+  subscriber has read authorization. An agent's own writes are never queued for it.
+- `lock(scope, resource)` is a re-entrant lock per key; two different keys never wait on
+  each other. A write made inside it is not undone if the block raises (the Postgres backend
+  rolls back its transaction instead).
+- Extras beyond the spec: `write_many` (all or nothing), `all_marks`, `registered_scopes`,
+  `__len__`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+from uuid import UUID, uuid4
+
+from agentpost.marks.core import (
+    DEFAULT_MIN_STRENGTH,
+    Action,
+    Agent,
+    DecayConfig,
+    InvalidArgument,
+    InvalidMark,
+    Mark,
+    MarkType,
+    Need,
+    NeedCluster,
+    Scope,
+    ScopeVisibility,
+    UnknownMark,
+    UnknownScope,
+    Warning,
+    WatchPattern,
+    authorize_write,
+    cluster_needs,
+    compute_strength,
+    mark_resource,
+    mark_topic,
+    new_mark_id,
+    project_mark,
+    read_order_key,
+    revalidate,
+    scope_ancestors,
+    trust_weight,
+    visible_to,
+)
+
+log = logging.getLogger(__name__)
+
+WriteHook = Callable[[UUID, Mark], object]
+Clock = Callable[[], float]
+ClockSpec = Clock | float | int | None
+
+#: bucket keys: (scope, mark_type, resource-or-topic) and (scope, mark_type, None)
+BucketKey = tuple[str, MarkType, str | None]
+
+
+def make_clock(spec: ClockSpec) -> Clock:
+    """`None` -> wall time, a number -> time fixed there, a callable -> used as is."""
+    if spec is None:
+        return time.time
+    if callable(spec):
+        return spec
+    if isinstance(spec, bool) or not isinstance(spec, int | float) or not math.isfinite(spec):
+        raise InvalidArgument(f"a clock is None, a finite number or a callable, not {spec!r}")
+    fixed = float(spec)
+    return lambda: fixed
+
+
+@runtime_checkable
+class MarkSpaceProtocol(Protocol):
+    """What both backends offer, with the same behaviour (the spec's operation names)."""
+
+    def now(self) -> float: ...
+    def set_clock(self, t: float) -> None: ...
+    def register_scope(self, scope: Scope) -> None: ...
+    def get_scope(self, name: str) -> Scope: ...
+    def write(self, agent: Agent, mark: Mark) -> UUID: ...
+    def get(self, mark_id: UUID) -> Mark | None: ...
+    def read(
+        self,
+        scope: str,
+        resource: str | None = None,
+        topic: str | None = None,
+        mark_type: MarkType | None = None,
+        min_strength: float = DEFAULT_MIN_STRENGTH,
+        reader: Agent | None = None,
+    ) -> list[Mark]: ...
+    def strength_of(self, mark: Mark) -> float: ...
+    def claims(self, scope: str, resource: str) -> list[Action]: ...
+    def resolve(self, need_mark_id: UUID, resolving_action_id: UUID) -> UUID: ...
+    def aggregate_needs(self) -> list[NeedCluster]: ...
+    def add_write_hook(self, callback: WriteHook) -> UUID: ...
+    def remove_write_hook(self, handle: UUID) -> bool: ...
+    def subscribe(self, agent: Agent, patterns: Sequence[WatchPattern]) -> None: ...
+    def unsubscribe(self, agent: Agent) -> None: ...
+    def get_watched_marks(self, agent: Agent, clear: bool = True) -> list[Mark]: ...
+    def lock(self, scope: str, resource: str): ...  # a context manager
+    def active_marks(
+        self, scope: str | None = None, mark_type: MarkType | None = None
+    ) -> list[Mark]: ...
+
+
+# --------------------------------------------------------------------------- buckets
+
+
+def _life(mark: Mark, decay: DecayConfig) -> float:
+    """How long a mark can stay alive: TTL for intents, half-life for observations and
+    warnings (scaled at read time), forever for actions and needs."""
+    if mark.mark_type is MarkType.INTENT:
+        return decay.intent_ttl
+    if mark.mark_type is MarkType.OBSERVATION:
+        return decay.observation_half_life
+    if mark.mark_type is MarkType.WARNING:
+        return decay.warning_half_life
+    return math.inf
+
+
+#: slack when bisecting by time, so float rounding never hides a mark that is still alive
+_TIME_SLACK = 1e-6
+
+
+class _Bucket:
+    """Marks of one mark type under one key, in created_at order, with what a read needs
+    to skip the ones too old to matter: the longest life and the strongest start."""
+
+    __slots__ = ("dead", "kind", "marks", "max_life", "max_weight", "times")
+
+    def __init__(self, kind: MarkType) -> None:
+        self.kind = kind
+        self.marks: list[Mark] = []
+        self.times: list[float] = []
+        self.max_life = 0.0
+        self.max_weight = 0.0
+        self.dead = 0
+
+    def add(self, mark: Mark, life: float) -> None:
+        self.marks.append(mark)
+        self.times.append(mark.created_at)
+        self.max_life = max(self.max_life, life)
+        self.max_weight = max(self.max_weight, mark.initial_strength * trust_weight(mark))
+
+    def start(self, now: float, threshold: float) -> int:
+        """Index of the first mark that may still reach `threshold` at `now`."""
+        if self.kind is MarkType.INTENT:
+            return bisect_left(self.times, now - self.max_life - _TIME_SLACK)
+        if self.kind not in (MarkType.OBSERVATION, MarkType.WARNING) or threshold <= 0.0:
+            return 0
+        if self.max_weight < threshold:
+            return len(self.times)
+        span = self.max_life * math.log2(self.max_weight / threshold)
+        return bisect_left(self.times, now - span * (1 + 1e-9) - _TIME_SLACK)
+
+    def live(self, now: float, threshold: float) -> list[Mark]:
+        return self.marks[self.start(now, threshold) :]
+
+    def compact(self, superseded: dict[UUID, UUID]) -> None:
+        """Drop superseded marks once half the bucket is dead (amortized O(1) per write)."""
+        self.dead += 1
+        if self.dead * 2 < len(self.marks):
+            return
+        kept = [m for m in self.marks if m.id not in superseded]
+        self.marks = kept
+        self.times = [m.created_at for m in kept]
+        self.dead = 0
+
+
+def _keyed(mark: Mark) -> str | None:
+    """The resource (intents, actions) or topic (observations, warnings) a mark is read by."""
+    return mark_resource(mark) or mark_topic(mark)
+
+
+def _bucket_keys(mark: Mark) -> list[BucketKey]:
+    keys: list[BucketKey] = [(mark.scope, mark.mark_type, None)]
+    key = _keyed(mark)
+    if key is not None:
+        keys.append((mark.scope, mark.mark_type, key))
+    return keys
+
+
+@dataclass
+class _Subscription:
+    agent: Agent
+    patterns: tuple[WatchPattern, ...]
+    queue: list[Mark] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- shared by both
+
+
+def agent_id_of(agent: Agent | UUID) -> UUID:
+    if isinstance(agent, Agent):
+        return agent.id
+    if isinstance(agent, UUID):
+        return agent
+    raise InvalidArgument(f"expected an Agent, got {type(agent).__name__}")
+
+
+def mark_type_arg(mark_type: MarkType | str | None) -> MarkType | None:
+    if mark_type is None:
+        return None
+    try:
+        return MarkType(mark_type)
+    except ValueError:
+        raise InvalidArgument(f"unknown mark type {mark_type!r}") from None
+
+
+def fire_hooks(hooks: Sequence[WriteHook], writes: Sequence[tuple[UUID, Mark]]) -> None:
+    """Run snapshotted write hooks outside any lock; a failing hook changes nothing (P33)."""
+    for agent_id, mark in writes:
+        for hook in hooks:
+            try:
+                hook(agent_id, mark)
+            except Exception:
+                log.debug("mark space write hook failed", exc_info=True)
+
+
+class SpaceBase:
+    """What both backends do alike: the clock, the scope registry (configuration, not
+    stored), write hooks (process-local), and the checks before a need is resolved."""
+
+    def __init__(self, scopes: Iterable[Scope] = (), clock: ClockSpec = None) -> None:
+        self._lock = threading.RLock()
+        self._clock = make_clock(clock)
+        self._scopes: dict[str, Scope] = {}
+        self._hooks: dict[UUID, WriteHook] = {}
+        for scope in scopes:
+            self.register_scope(scope)
+
+    def get(self, mark_id: UUID) -> Mark | None:  # pragma: no cover - each backend's own
+        raise NotImplementedError
+
+    def write_many(self, agent: Agent, marks: Sequence[Mark]) -> list[UUID]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _is_superseded(self, mark: Mark) -> bool:  # pragma: no cover - each backend's own
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- clock and scopes
+
+    def now(self) -> float:
+        """The space's current time (unix seconds) from its clock."""
+        return float(self._clock())
+
+    def set_clock(self, t: ClockSpec) -> None:
+        """Fix time at `t` (or install another clock: None for wall time, a callable)."""
+        clock = make_clock(t)
+        with self._lock:
+            self._clock = clock
+
+    def register_scope(self, scope: Scope) -> None:
+        """Define (or redefine) a scope in this process. Marks already written keep the
+        decay they were written with."""
+        if not isinstance(scope, Scope):
+            raise InvalidArgument(f"expected a Scope, got {type(scope).__name__}")
+        with self._lock:
+            self._scopes[scope.name] = scope
+
+    def get_scope(self, name: str) -> Scope:
+        """The definition governing `name`: its own, else the nearest defined ancestor's."""
+        if not isinstance(name, str) or not name:
+            raise UnknownScope(f"no scope named {name!r}")
+        scopes = self._scopes
+        for candidate in scope_ancestors(name):
+            found = scopes.get(candidate)
+            if found is not None:
+                return found
+        raise UnknownScope(f"no scope {name!r} (nor any ancestor of it) is registered")
+
+    def registered_scopes(self) -> list[Scope]:
+        with self._lock:
+            return list(self._scopes.values())
+
+    # ----------------------------------------------------------------- writes and hooks
+
+    def write(self, agent: Agent, mark: Mark) -> UUID:
+        """Store `mark` for `agent` with a fresh id and created_at = now (§8.1). Raises a
+        typed error and stores nothing if the agent, the mark or the scope say no."""
+        return self.write_many(agent, [mark])[0]
+
+    def add_write_hook(self, callback: WriteHook) -> UUID:
+        """Call `callback(agent_id, stored_mark)` after every successful write made through
+        this object (§8.6). Hooks are process-local."""
+        if not callable(callback):
+            raise InvalidArgument("a write hook must be callable")
+        handle = uuid4()
+        with self._lock:
+            self._hooks[handle] = callback
+        return handle
+
+    def remove_write_hook(self, handle: UUID) -> bool:
+        with self._lock:
+            return self._hooks.pop(handle, None) is not None
+
+    def _check_resolvable(self, need: Mark, action_id: UUID) -> None:
+        """§8.3's preconditions: a need, not yet resolved nor superseded, and an action id
+        that, if it names a stored mark, names an action."""
+        if not isinstance(need, Need):
+            raise InvalidMark(f"mark {need.id} is a {need.mark_type.value}, not a need")
+        if need.resolved_by is not None or self._is_superseded(need):
+            raise InvalidMark(f"need {need.id} is already resolved or superseded")
+        if not isinstance(action_id, UUID):
+            raise InvalidArgument("resolving_action_id must be a UUID")
+        action = self.get(action_id)
+        if action is not None and action.mark_type is not MarkType.ACTION:
+            raise InvalidMark(f"mark {action_id} is a {action.mark_type.value}, not an action")
+
+
+# --------------------------------------------------------------------------- the space
+
+
+class MarkSpace(SpaceBase):
+    """The mark space in memory: thread-safe, for one process and for fast tests."""
+
+    def __init__(self, scopes: Iterable[Scope] = (), clock: ClockSpec = None) -> None:
+        self._marks: dict[UUID, Mark] = {}
+        self._decay: dict[UUID, DecayConfig] = {}
+        self._buckets: dict[BucketKey, _Bucket] = {}
+        self._scope_names: dict[str, None] = {}  # scopes that hold marks, in first-write order
+        self._superseded_by: dict[UUID, UUID] = {}
+        self._warnings_on: dict[UUID, list[Warning]] = {}
+        self._last_created = -math.inf
+        self._subscriptions: dict[UUID, _Subscription] = {}
+        self._key_locks: dict[tuple[str, str], threading.RLock] = {}
+        super().__init__(scopes, clock)
+
+    def write_many(self, agent: Agent, marks: Sequence[Mark]) -> list[UUID]:
+        """Write several marks as one step: all are checked first, and if any is refused
+        none is stored. Hooks fire after, once per mark, in write order."""
+        if not isinstance(agent, Agent):
+            raise InvalidArgument(f"expected an Agent, got {type(agent).__name__}")
+        checked = [revalidate(m) for m in marks]
+        with self._lock:
+            scopes = [self.get_scope(m.scope) for m in checked]
+            for mark, scope in zip(checked, scopes, strict=True):
+                authorize_write(agent, mark, scope)
+            stored = [
+                self._commit(m, agent.id, s.decay) for m, s in zip(checked, scopes, strict=True)
+            ]
+            hooks = list(self._hooks.values())
+        for mark in stored:
+            fire_hooks(hooks, [(agent.id, mark)])
+        return [m.id for m in stored]
+
+    def _commit(self, mark: Mark, agent_id: UUID | None, decay: DecayConfig) -> Mark:
+        """Stamp, store and index a checked mark; queue it for subscribers. Under the lock."""
+        clock = self.now()
+        if not math.isfinite(clock):
+            raise InvalidArgument(f"the space's clock returned {clock!r}")
+        created = max(clock, self._last_created)
+        self._last_created = created
+        stored = mark.model_copy(
+            update={"id": new_mark_id(), "agent_id": agent_id, "created_at": created}
+        )
+        mark_id: UUID = stored.id
+        self._marks[mark_id] = stored
+        self._decay[mark_id] = decay
+        self._scope_names.setdefault(stored.scope, None)
+        if stored.supersedes is not None and stored.supersedes not in self._superseded_by:
+            self._superseded_by[stored.supersedes] = mark_id
+            self._retire(stored.supersedes)
+        if isinstance(stored, Warning) and stored.invalidates is not None:
+            self._warnings_on.setdefault(stored.invalidates, []).append(stored)
+        if not (isinstance(stored, Need) and stored.resolved_by is not None):
+            self._index(stored, decay)  # a resolved need is at strength 0 for good
+        self._enqueue(stored)
+        return stored
+
+    def _index(self, mark: Mark, decay: DecayConfig) -> None:
+        life = _life(mark, decay)
+        for key in _bucket_keys(mark):
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = self._buckets[key] = _Bucket(mark.mark_type)
+            bucket.add(mark, life)
+
+    def _retire(self, mark_id: UUID) -> None:
+        """A superseded mark is at strength 0 for good: let its buckets shed it."""
+        target = self._marks.get(mark_id)
+        if target is None:
+            return
+        for key in _bucket_keys(target):
+            bucket = self._buckets.get(key)
+            if bucket is not None:
+                bucket.compact(self._superseded_by)
+
+    # ----------------------------------------------------------------- read
+
+    def get(self, mark_id: UUID) -> Mark | None:
+        """The stored mark with this id, in full (no visibility rules), or None."""
+        if isinstance(mark_id, str):
+            try:
+                mark_id = UUID(mark_id)
+            except ValueError:
+                return None
+        with self._lock:
+            return self._marks.get(mark_id)
+
+    def read(
+        self,
+        scope: str,
+        resource: str | None = None,
+        topic: str | None = None,
+        mark_type: MarkType | str | None = None,
+        min_strength: float = DEFAULT_MIN_STRENGTH,
+        reader: Agent | None = None,
+    ) -> list[Mark]:
+        """Marks of `scope` matching the filters whose effective strength (decay, trust,
+        supersession, warnings; at now) is > 0 and >= `min_strength`, strongest first
+        (ties: created_at, id). `reader` None is infrastructure and sees full marks; an
+        Agent sees what the scope's visibility allows it (§7.4). No side effects (P28)."""
+        kind = mark_type_arg(mark_type)
+        if reader is not None and not isinstance(reader, Agent):
+            raise InvalidArgument(f"reader must be an Agent or None, not {type(reader).__name__}")
+        with self._lock:
+            definition = self.get_scope(scope)
+            if self._hidden(definition, scope, reader):
+                return []
+            now = self.now()
+            scored = [
+                (mark, strength)
+                for mark in self._candidates(scope, resource, topic, kind, now, min_strength)
+                if (strength := self._strength(mark, now)) > 0.0 and strength >= min_strength
+            ]
+        scored.sort(key=lambda pair: read_order_key(pair[0], pair[1]))
+        return visible_to([m for m, _ in scored], definition, scope, reader)
+
+    @staticmethod
+    def _hidden(definition: Scope, scope: str, reader: Agent | None) -> bool:
+        return (
+            reader is not None
+            and definition.visibility is ScopeVisibility.CLASSIFIED
+            and not reader.can_read(scope)
+        )
+
+    def _candidates(
+        self,
+        scope: str,
+        resource: str | None,
+        topic: str | None,
+        kind: MarkType | None,
+        now: float,
+        threshold: float,
+    ) -> Iterator[Mark]:
+        """Marks that may match, from the narrowest bucket(s); exact filters applied here."""
+        if resource is not None:
+            kinds, key = (MarkType.INTENT, MarkType.ACTION), resource
+        elif topic is not None:
+            kinds, key = (MarkType.OBSERVATION, MarkType.WARNING), topic
+        else:
+            kinds, key = tuple(MarkType), None
+        for each in kinds:
+            if kind is not None and each is not kind:
+                continue
+            bucket = self._buckets.get((scope, each, key))
+            if bucket is None:
+                continue
+            for mark in bucket.live(now, threshold):
+                if resource is not None and topic is not None and mark_topic(mark) != topic:
+                    continue
+                yield mark
+
+    def _strength(self, mark: Mark, now: float) -> float:
+        """Effective strength with supersession and warnings (§4.2, §9.5, §10)."""
+        mark_id = mark.id
+        if mark_id in self._superseded_by:
+            return 0.0
+        decay = self._decay.get(mark_id) if mark_id is not None else None
+        if decay is None:
+            decay = self.get_scope(mark.scope).decay
+        strength = compute_strength(mark, now, decay) * trust_weight(mark)
+        if strength <= 0.0:
+            return 0.0
+        warnings = self._warnings_on.get(mark_id) if mark_id is not None else None
+        if warnings:
+            penalty = sum(
+                compute_strength(w, now, self._decay[w.id]) * trust_weight(w)
+                for w in warnings
+                if w.id not in self._superseded_by
+            )
+            strength = max(0.0, strength - penalty)
+        return strength
+
+    def _is_superseded(self, mark: Mark) -> bool:
+        return mark.id in self._superseded_by
+
+    def claims(self, scope: str, resource: str) -> list[Action]:
+        """The actions holding (scope, resource): neither failed nor superseded, whatever
+        warnings say (P39: a warning contests a fact, it does not undo it, §9.5), in write
+        order."""
+        with self._lock:
+            self.get_scope(scope)
+            now = self.now()
+            held = [
+                m for m in self._candidates(scope, resource, None, MarkType.ACTION, now, 0.0)
+                if isinstance(m, Action) and not m.failed and m.id not in self._superseded_by
+            ]
+        return sorted(held, key=lambda m: (m.created_at, m.id))
+
+    def strength_of(self, mark: Mark) -> float:
+        """The mark's effective strength now, as `read` computes it (a mark not in this
+        space gets decay and trust only, with its scope's DecayConfig)."""
+        with self._lock:
+            stored = self._marks.get(mark.id) if mark.id is not None else None
+            return self._strength(stored or mark, self.now())
+
+    def active_marks(
+        self, scope: str | None = None, mark_type: MarkType | str | None = None
+    ) -> list[Mark]:
+        """Marks at strength > 0 now, in one scope (exact) or all, full (infrastructure
+        view: telemetry gauges, aggregators), in read order."""
+        kind = mark_type_arg(mark_type)
+        with self._lock:
+            now = self.now()
+            names = list(self._scope_names) if scope is None else [scope]
+            scored = []
+            for name in names:
+                for each in MarkType:
+                    if kind is not None and each is not kind:
+                        continue
+                    bucket = self._buckets.get((name, each, None))
+                    if bucket is None:
+                        continue
+                    for mark in bucket.live(now, 0.0):
+                        strength = self._strength(mark, now)
+                        if strength > 0.0:
+                            scored.append((mark, strength))
+        scored.sort(key=lambda pair: read_order_key(pair[0], pair[1]))
+        return [m for m, _ in scored]
+
+    def all_marks(
+        self, scope: str | None = None, mark_type: MarkType | str | None = None
+    ) -> list[Mark]:
+        """Every stored mark, whatever its strength, in write order (history, tests)."""
+        kind = mark_type_arg(mark_type)
+        with self._lock:
+            return [
+                m
+                for m in self._marks.values()
+                if (scope is None or m.scope == scope) and (kind is None or m.mark_type is kind)
+            ]
+
+    def close(self) -> None:
+        """Nothing to release in memory; here so both backends can be closed alike."""
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._marks)
+
+    # ----------------------------------------------------------------- needs
+
+    def resolve(self, need_mark_id: UUID, resolving_action_id: UUID) -> UUID:
+        """Resolve a need (§8.3): write a copy with `resolved_by` that supersedes it, so
+        the need is at strength 0 on the next read (P29, P30). Returns the copy's id."""
+        with self._lock:
+            need = self._marks.get(need_mark_id)
+            if need is None:
+                raise UnknownMark(f"no mark {need_mark_id} in this space")
+            self._check_resolvable(need, resolving_action_id)
+            copy = need.model_copy(
+                update={"resolved_by": resolving_action_id, "supersedes": need.id}
+            )
+            stored = self._commit(copy, need.agent_id, self._decay[need.id])
+            hooks = list(self._hooks.values())
+        fire_hooks(hooks, [(stored.agent_id, stored)])
+        return stored.id
+
+    def aggregate_needs(self) -> list[NeedCluster]:
+        """Unresolved, unsuperseded needs of every scope, clustered and scored (§8.4)."""
+        with self._lock:
+            needs = [
+                mark
+                for name in self._scope_names
+                if (bucket := self._buckets.get((name, MarkType.NEED, None))) is not None
+                for mark in bucket.marks
+                if mark.id not in self._superseded_by
+            ]
+        return cluster_needs(needs)
+
+    # ----------------------------------------------------------------- subscriptions
+
+    def subscribe(self, agent: Agent, patterns: Sequence[WatchPattern]) -> None:
+        """Queue marks written from now on that match any pattern (§13.3). Replaces an
+        earlier subscription and its queue (P48, P49)."""
+        if not isinstance(agent, Agent):
+            raise InvalidArgument(f"expected an Agent, got {type(agent).__name__}")
+        patterns = tuple(patterns)
+        if not patterns or not all(isinstance(p, WatchPattern) for p in patterns):
+            raise InvalidArgument("subscribe needs a non-empty list of WatchPattern")
+        with self._lock:
+            self._subscriptions[agent.id] = _Subscription(agent, patterns)
+
+    def unsubscribe(self, agent: Agent) -> None:
+        """Drop the agent's subscription and whatever is queued for it."""
+        with self._lock:
+            self._subscriptions.pop(agent_id_of(agent), None)
+
+    def get_watched_marks(self, agent: Agent, clear: bool = True) -> list[Mark]:
+        """Marks queued for the agent since its last poll, in write order (P50–P52); with
+        `clear` they are handed out once only (P51)."""
+        with self._lock:
+            sub = self._subscriptions.get(agent_id_of(agent))
+            if sub is None:
+                return []
+            marks = list(sub.queue)
+            if clear:
+                sub.queue.clear()
+        return marks
+
+    def _enqueue(self, mark: Mark) -> None:
+        """Queue a just-written mark for every other subscriber it matches. Under the lock."""
+        if not self._subscriptions:
+            return
+        definition = self.get_scope(mark.scope)
+        for sub in self._subscriptions.values():
+            if sub.agent.id == mark.agent_id:
+                continue
+            if not any(p.matches(mark) for p in sub.patterns):
+                continue
+            delivered = self._as_seen_by(mark, definition, sub.agent)
+            if delivered is not None:
+                sub.queue.append(delivered)
+
+    @staticmethod
+    def _as_seen_by(mark: Mark, definition: Scope, agent: Agent) -> Mark | None:
+        if definition.visibility is ScopeVisibility.OPEN or agent.can_read(mark.scope):
+            return mark
+        if definition.visibility is ScopeVisibility.PROTECTED:
+            return project_mark(mark)
+        return None
+
+    # ----------------------------------------------------------------- guard lock
+
+    @contextmanager
+    def lock(self, scope: str, resource: str) -> Iterator[None]:
+        """Serialize guard decisions on one (scope, resource); re-entrant per thread."""
+        key = (scope, resource)
+        with self._lock:
+            key_lock = self._key_locks.get(key)
+            if key_lock is None:
+                key_lock = self._key_locks[key] = threading.RLock()
+        with key_lock:
+            yield
+

@@ -1,0 +1,106 @@
+"""The two mark-space backends behind one factory, for the tests of ``agentpost.marks``.
+
+``make_space(kind, scopes, clock, dsn=None)`` builds an in-memory ``MarkSpace`` (``kind`` =
+"memory") or a ``PostgresMarkSpace`` (``kind`` = "postgres") on ``dsn``, under a space name
+of its own, so one database serves a whole test module: a space is cheap to create by
+contract (no DDL, no scan), and two spaces never see each other's marks.
+
+``BACKENDS`` is the parameter list of the ``backend`` fixtures. The Postgres parameter is
+skipped, with the reason below, only while the module ``agentpost.marks.postgres`` does not
+exist (the lead drops this once it lands); never for any other reason.
+
+``SpaceFactory`` is what the test modules' ``new_space`` fixtures hand out: it builds spaces of
+the test's backend and closes them all at teardown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import pytest
+
+from agentpost.marks.space import MarkSpace
+
+# Skipped only while the module does not exist; once it does, an import error is a failure.
+if importlib.util.find_spec("agentpost.marks.postgres") is None:
+    PostgresMarkSpace = None
+else:
+    from agentpost.marks.postgres import PostgresMarkSpace
+
+POSTGRES_MISSING = "PostgresMarkSpace not built yet"
+
+BACKENDS = [
+    pytest.param("memory", id="memory"),
+    pytest.param(
+        "postgres",
+        id="postgres",
+        marks=pytest.mark.skipif(PostgresMarkSpace is None, reason=POSTGRES_MISSING),
+    ),
+]
+
+# A fixed start for the injectable clocks: a realistic unix time, so float resolution at
+# this magnitude (about 0.24 µs) is what production sees.
+T0 = 1_700_000_000.0
+
+Clock = float | Callable[[], float] | None
+
+
+def unique_space_name() -> str:
+    return f"t_{uuid.uuid4().hex}"
+
+
+def make_space(kind: str, scopes: Iterable[Any], clock: Clock, dsn: str | None = None) -> Any:
+    """A fresh, empty space of backend ``kind`` with ``scopes`` registered."""
+    scopes = list(scopes)
+    if kind == "memory":
+        return MarkSpace(scopes=scopes, clock=clock)
+    if kind == "postgres":
+        if PostgresMarkSpace is None:
+            pytest.skip(POSTGRES_MISSING)
+        if dsn is None:
+            raise ValueError("a postgres space needs a dsn")
+        return PostgresMarkSpace(dsn, scopes=scopes, clock=clock, space=unique_space_name())
+    raise ValueError(f"unknown backend {kind!r}")
+
+
+def close_space(space: Any) -> None:
+    close = getattr(space, "close", None)
+    if callable(close):
+        close()
+
+
+class SpaceFactory:
+    """Builds spaces of one backend; ``close_all()`` closes every space it built."""
+
+    def __init__(self, kind: str, dsn: str | None) -> None:
+        self.kind = kind
+        self.dsn = dsn
+        self._made: list[Any] = []
+
+    def __call__(self, scopes: Iterable[Any], clock: Clock = T0) -> Any:
+        space = make_space(self.kind, scopes, clock, self.dsn)
+        self._made.append(space)
+        return space
+
+    @contextlib.contextmanager
+    def scoped(self, scopes: Iterable[Any], clock: Clock = T0) -> Iterator[Any]:
+        """A space closed when the block ends (hypothesis examples make many)."""
+        space = make_space(self.kind, scopes, clock, self.dsn)
+        try:
+            yield space
+        finally:
+            close_space(space)
+
+    def close_all(self) -> None:
+        while self._made:
+            close_space(self._made.pop())
+
+
+def factory_for(request: pytest.FixtureRequest, kind: str) -> SpaceFactory:
+    """The factory of ``kind``; a Postgres one draws the module's database (``module_dsn``)."""
+    dsn = request.getfixturevalue("module_dsn") if kind == "postgres" else None
+    return SpaceFactory(kind, dsn)

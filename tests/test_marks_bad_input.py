@@ -1,0 +1,385 @@
+"""Bad input to the mark space, on both backends: a typed error, and nothing stored.
+
+The hypothesis test draws a space with some valid marks in it, then a run of bad writes:
+unauthorized agents (wrong scope, wrong mark type, a name prefix, a child grant), unknown
+scopes, disallowed intent and action verbs, disallowed observation and warning topics,
+out-of-range or non-finite confidence, priority and strength, and malformed marks (wrong field
+types, NUL bytes and lone surrogates, non-JSON content, bad scope names, missing fields, a
+wrong mark_type, projected copies, objects that are not marks, a non-Agent writer), each
+written alone or inside a ``write_many`` batch with valid marks. Every one must raise the
+typed error the contract names (docs: the order of the checks is fields, scope, permission,
+scope rules) with a message, leave every read, ``active_marks()``, ``all_marks()`` and
+``len()`` as they were, and fire no write hook. Marks that bypass validation are built with
+``model_construct`` and ``model_copy(update=...)``, as careless or hostile callers would.
+
+The other tests pin single cases: building a mark with bad fields raises an error that is
+both ``InvalidMark`` and pydantic's ``ValidationError``; bad ``resolve`` calls; reads of an
+unknown scope.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from agentpost.marks import (
+    Action,
+    Agent,
+    ConflictPolicy,
+    Intent,
+    InvalidArgument,
+    InvalidMark,
+    MarkspaceError,
+    MarkType,
+    Need,
+    Observation,
+    Scope,
+    ScopeVisibility,
+    Severity,
+    UnauthorizedWrite,
+    UnknownMark,
+    UnknownScope,
+    Warning,
+)
+from agentpost.protocol.errors import AgentpostError
+from marks_backends import BACKENDS, T0, SpaceFactory, factory_for
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def new_space(request: pytest.FixtureRequest, backend: str) -> Iterator[SpaceFactory]:
+    factory = factory_for(request, backend)
+    yield factory
+    factory.close_all()
+
+
+SCOPES = [
+    Scope(
+        name="cal",
+        allowed_intent_verbs=("book", "cancel"),
+        allowed_action_verbs=("booked",),
+        observation_topics=("weather", "traffic"),
+        warning_topics=("weather",),
+        conflict_policy=ConflictPolicy.FIRST_WRITER,
+    ),
+    Scope(name="hr", visibility=ScopeVisibility.PROTECTED),
+    Scope(name="calx"),
+]
+SCOPE_NAMES = ("cal", "hr", "calx", "cal/sub")
+ALL_TYPES = [t.value for t in MarkType]
+WRITER = Agent(name="writer", scopes={"cal": ALL_TYPES, "hr": ALL_TYPES})
+
+
+def good_mark(kind: MarkType, scope: str = "cal") -> Any:
+    """A valid mark of ``kind`` for ``scope`` (its allowed verbs and topics)."""
+    if kind is MarkType.INTENT:
+        return Intent(scope=scope, resource="room-1", action="book", confidence=0.5)
+    if kind is MarkType.ACTION:
+        return Action(scope=scope, resource="room-1", action="booked", result={"ok": True})
+    if kind is MarkType.OBSERVATION:
+        return Observation(scope=scope, topic="weather", content={"c": 20}, confidence=0.5)
+    if kind is MarkType.WARNING:
+        return Warning(scope=scope, topic="weather", reason="stale", severity=Severity.INFO)
+    return Need(scope=scope, question="which room?", context={"n": 2}, priority=0.5)
+
+
+KINDS = st.sampled_from(list(MarkType))
+
+
+@dataclass(frozen=True)
+class Bad:
+    """One bad write: who writes what, and the typed error it must raise."""
+
+    label: str
+    agent: Any
+    mark: Any
+    error: type[Exception]
+
+
+def smuggled(mark: Any, **fields: Any) -> Any:
+    """``mark`` with ``fields`` forced in, without validation (two ways callers can)."""
+    return mark.model_copy(update=fields)
+
+
+def constructed(kind: MarkType, **fields: Any) -> Any:
+    """A mark of ``kind`` built field by field without validation."""
+    base = good_mark(kind).model_dump()
+    base.update(fields)
+    return type(good_mark(kind)).model_construct(**base)
+
+
+# a required field of each mark type (no default)
+REQUIRED = {MarkType.INTENT: "resource", MarkType.ACTION: "action",
+            MarkType.OBSERVATION: "topic", MarkType.WARNING: "topic", MarkType.NEED: "question"}
+NOT_FINITE = st.sampled_from([math.nan, math.inf, -math.inf])
+OUT_OF_UNIT = st.floats(1.0, 1e6, exclude_min=True) | st.floats(-1e6, 0.0, exclude_max=True)
+BAD_TEXT = st.sampled_from(["a\x00b", "\ud800", "x\udfff", "\x00"])
+BAD_SCOPE_NAMES = st.sampled_from(["", "cal//x", "cal/", "/cal", "c al", "cal\tx", "cal\x00"])
+
+
+@st.composite
+def unauthorized(draw: st.DrawFn) -> Bad:
+    kind = draw(KINDS)
+    types = [t for t in ALL_TYPES if t != kind.value]
+    agent = draw(st.sampled_from([
+        Agent(name="no-grants"),
+        Agent(name="other-scope", scopes={"calx": ALL_TYPES}),
+        Agent(name="prefix", scopes={"ca": ALL_TYPES}),
+        Agent(name="child-only", scopes={"cal/sub": ALL_TYPES}),
+        Agent(name="other-types", scopes={"cal": types}),
+        Agent(name="reader", scopes={}, read_scopes=("cal",)),
+    ]))
+    label = f"unauthorized {kind.value} by {agent.name}"
+    return Bad(label, agent, good_mark(kind), UnauthorizedWrite)
+
+
+@st.composite
+def unknown_scope(draw: st.DrawFn) -> Bad:
+    kind = draw(KINDS)
+    name = draw(st.sampled_from(["nowhere", "nowhere/cal", "ca", "c", "CAL", "cal2/x"]))
+    grant = Agent(name="granted", scopes={name: ALL_TYPES})
+    return Bad(f"unknown scope {name}", grant, good_mark(kind, scope=name), UnknownScope)
+
+
+@st.composite
+def scope_rules(draw: st.DrawFn) -> Bad:
+    word = draw(st.text(alphabet="abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=8))
+    choice = draw(st.sampled_from(["intent", "action", "observation", "warning"]))
+    if choice == "intent" and word not in ("book", "cancel"):
+        mark = Intent(scope="cal", resource="room-1", action=word)
+    elif choice == "action" and word != "booked":
+        mark = Action(scope="cal", resource="room-1", action=word)
+    elif choice == "observation" and word not in ("weather", "traffic"):
+        mark = Observation(scope="cal", topic=word)
+    elif choice == "warning" and word != "weather":
+        mark = Warning(scope="cal", topic=word, reason="r")
+    else:
+        mark = Warning(scope="cal/sub", topic="traffic", reason="inherited topic list")
+    return Bad(f"{choice} verb/topic {word!r} not allowed", WRITER, mark, InvalidMark)
+
+
+@st.composite
+def out_of_range(draw: st.DrawFn) -> Bad:
+    field, kind = draw(st.sampled_from([
+        ("confidence", MarkType.INTENT),
+        ("confidence", MarkType.OBSERVATION),
+        ("priority", MarkType.NEED),
+        ("initial_strength", MarkType.ACTION),
+        ("initial_strength", MarkType.WARNING),
+    ]))
+    if field == "initial_strength":
+        value = draw(NOT_FINITE | st.floats(-1e6, 0.0, exclude_max=True))
+    else:
+        value = draw(NOT_FINITE | OUT_OF_UNIT)
+    how = draw(st.sampled_from([smuggled, None]))
+    mark = how(good_mark(kind), **{field: value}) if how else constructed(kind, **{field: value})
+    return Bad(f"{kind.value}.{field}={value!r}", WRITER, mark, InvalidMark)
+
+
+@st.composite
+def malformed(draw: st.DrawFn) -> Bad:
+    kind = draw(KINDS)
+    good = good_mark(kind)
+    text_field = {MarkType.INTENT: "resource", MarkType.ACTION: "action",
+                  MarkType.OBSERVATION: "topic", MarkType.WARNING: "reason",
+                  MarkType.NEED: "question"}[kind]
+    dict_field = {MarkType.ACTION: "result", MarkType.OBSERVATION: "content",
+                  MarkType.NEED: "context"}.get(kind)
+    options: list[tuple[str, Callable[[], Any]]] = [
+        ("bad text", lambda: smuggled(good, **{text_field: draw(BAD_TEXT)})),
+        ("text not a string", lambda: smuggled(good, **{text_field: draw(
+            st.sampled_from([12, None, 1.5, ["x"], {"x": 1}]))})),
+        ("bad scope name", lambda: smuggled(good, scope=draw(BAD_SCOPE_NAMES))),
+        ("wrong mark_type", lambda: smuggled(good, mark_type=draw(
+            st.sampled_from([t for t in MarkType if t is not kind])))),
+        ("projected copy", lambda: smuggled(good, projected=True)),
+        ("unknown supersedes type", lambda: smuggled(good, supersedes="not-a-uuid")),
+        ("boolean strength", lambda: smuggled(good, initial_strength="strong")),
+        ("missing field", lambda: type(good).model_construct(
+            **good.model_dump(exclude={REQUIRED[kind]}))),
+    ]
+    if dict_field is not None:
+        options += [
+            ("non-JSON content", lambda: smuggled(good, **{dict_field: draw(st.sampled_from([
+                {"x": {1, 2}}, {1: "int key"}, {"x": math.nan}, {"x": math.inf},
+                {"x": object()}, {"x": b"bytes"}, {"x\x00": 1}, {"x": "\ud800"},
+                "not a dict", ["a", "list"]]))})),
+        ]
+    label, build = draw(st.sampled_from(options))
+    return Bad(f"{kind.value}: {label}", WRITER, build(), InvalidMark)
+
+
+@st.composite
+def not_a_mark(draw: st.DrawFn) -> Bad:
+    thing = draw(st.sampled_from([
+        None, {"mark_type": "intent", "scope": "cal"}, "intent", 42, Scope(name="cal"),
+        Agent(name="x"),
+    ]))
+    return Bad(f"not a mark: {type(thing).__name__}", WRITER, thing, InvalidMark)
+
+
+@st.composite
+def not_an_agent(draw: st.DrawFn) -> Bad:
+    thing = draw(st.sampled_from([None, "writer", WRITER.id, {"name": "writer"}]))
+    return Bad(f"not an agent: {type(thing).__name__}", thing, good_mark(draw(KINDS)),
+               InvalidArgument)
+
+
+BAD_WRITES = st.one_of(unauthorized(), unknown_scope(), scope_rules(), out_of_range(),
+                       malformed(), not_a_mark(), not_an_agent())
+
+
+def observable(space: Any) -> dict[str, Any]:
+    """What readers can see of the space, plus what it holds in all."""
+    return {
+        "len": len(space),
+        "all": [m.model_dump() for m in space.all_marks()],
+        "active": [m.model_dump() for m in space.active_marks()],
+        "reads": {
+            name: [m.model_dump() for m in space.read(name, min_strength=0.0)]
+            for name in SCOPE_NAMES
+        },
+        "projected": [m.model_dump() for m in space.read("hr", reader=Agent(name="nobody"))],
+        "needs": [c.model_dump() for c in space.aggregate_needs()],
+    }
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    existing=st.lists(st.tuples(KINDS, st.sampled_from(["cal", "hr"])), max_size=5),
+    bad_writes=st.lists(BAD_WRITES, min_size=1, max_size=6),
+    batched=st.lists(st.booleans(), min_size=6, max_size=6),
+)
+def test_rejected_writes_leave_the_space_unchanged(new_space, existing, bad_writes,
+                                                   batched) -> None:
+    """Every bad write raises its typed error (an AgentpostError with a message), alone or in
+    a write_many batch, and stores nothing: reads, active_marks, all_marks, len, needs and
+    write hooks show no trace of it."""
+    fired: list[Any] = []
+    with new_space.scoped(SCOPES, clock=T0) as space:
+        for kind, scope in existing:
+            space.write(WRITER, good_mark(kind, scope))
+        space.add_write_hook(lambda agent_id, mark: fired.append(mark))
+        before = observable(space)
+        for bad, in_batch in zip(bad_writes, batched, strict=False):
+            with pytest.raises(bad.error) as caught:
+                if in_batch and isinstance(bad.agent, Agent):
+                    space.write_many(bad.agent, [good_mark(MarkType.NEED, "cal")
+                                                 if bad.agent is WRITER else bad.mark,
+                                                 bad.mark])
+                else:
+                    space.write(bad.agent, bad.mark)
+            assert isinstance(caught.value, MarkspaceError), bad.label
+            assert isinstance(caught.value, AgentpostError)
+            assert str(caught.value).strip(), bad.label
+            assert observable(space) == before, bad.label
+            assert fired == [], bad.label
+        space.set_clock(T0 + 10.0)
+        space.write(WRITER, good_mark(MarkType.NEED))
+        assert len(space) == before["len"] + 1
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: Intent(scope="cal", resource="r", action="book", confidence=1.5),
+        lambda: Intent(scope="cal", resource="r", action="book", confidence=math.nan),
+        lambda: Observation(scope="cal", topic="t", confidence=-0.1),
+        lambda: Need(scope="cal", question="q", priority=2.0),
+        lambda: Action(scope="cal", action="booked", initial_strength=-1.0),
+        lambda: Warning(scope="cal", topic="t", initial_strength=math.inf),
+        lambda: Observation(scope="cal", topic="t", content={"x": math.nan}),
+        lambda: Intent(scope="cal", resource="r\x00", action="book"),
+        lambda: Intent(scope="cal//x", resource="r", action="book"),
+        lambda: Intent(scope="cal", action="book"),
+        lambda: Observation(scope="cal", topic="t", colour="red"),
+    ],
+    ids=["confidence>1", "confidence-nan", "confidence<0", "priority>1", "strength<0",
+         "strength-inf", "content-nan", "nul", "scope-name", "missing-resource", "extra-field"],
+)
+def test_building_a_bad_mark_raises_a_typed_error(build) -> None:
+    """Out-of-range or malformed fields fail at construction with an error that is both the
+    mark space's InvalidMark and pydantic's ValidationError."""
+    with pytest.raises(InvalidMark) as caught:
+        build()
+    assert isinstance(caught.value, ValidationError)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_bad_resolve_calls_store_nothing(new_space) -> None:
+    """resolve() of an unknown mark, of a mark that is not a need, of an already resolved
+    need, or with a non-action resolver raises a typed error and stores nothing."""
+    space = new_space(SCOPES, clock=T0)
+    need = space.write(WRITER, good_mark(MarkType.NEED))
+    intent = space.write(WRITER, good_mark(MarkType.INTENT))
+    action = space.write(WRITER, good_mark(MarkType.ACTION))
+    before = observable(space)
+    for args, error in (
+        ((uuid.uuid4(), action), UnknownMark),
+        ((intent, action), InvalidMark),
+        ((need, intent), InvalidMark),
+        ((need, "not-a-uuid"), InvalidArgument),
+    ):
+        with pytest.raises(error):
+            space.resolve(*args)
+        assert observable(space) == before, args
+    space.resolve(need, action)
+    after = observable(space)
+    with pytest.raises(InvalidMark):
+        space.resolve(need, action)
+    assert observable(space) == after
+
+
+def test_reads_of_unknown_scopes_raise(new_space) -> None:
+    """A read of a scope that is not registered (nor any ancestor) raises UnknownScope; a
+    child of a registered scope reads as empty."""
+    space = new_space(SCOPES, clock=T0)
+    for name in ("nowhere", "ca", "nowhere/cal"):
+        with pytest.raises(UnknownScope):
+            space.read(name)
+    assert space.read("cal/never-written") == []
+
+
+def test_bad_guard_calls_store_nothing(new_space) -> None:
+    """The guard's entry points with bad arguments: an unknown scope, a non-Agent, an
+    out-of-range or non-finite confidence, a disallowed verb, a non-JSON result. Each raises
+    a typed error or answers DENIED, and nothing reaches the space."""
+    from agentpost.marks import Guard, Verdict
+
+    space = new_space(SCOPES, clock=T0)
+    guard = Guard(space)
+    space.write(WRITER, good_mark(MarkType.NEED))
+    before = observable(space)
+    calls: list[tuple[Callable[[], Any], type[Exception]]] = [
+        (lambda: guard.pre_action(WRITER, "nowhere", "r", "book", 0.5), UnknownScope),
+        (lambda: guard.pre_action(None, "cal", "r", "book", 0.5), InvalidArgument),
+        (lambda: guard.pre_action(WRITER, "cal", "r", "book", 1.5), InvalidMark),
+        (lambda: guard.pre_action(WRITER, "cal", "r", "book", math.nan), InvalidMark),
+        (lambda: guard.pre_action(WRITER, "cal", "r\x00", "book", 0.5), InvalidMark),
+        (lambda: guard.post_action(WRITER, "cal", "r", "flew", {"ok": True}), InvalidMark),
+        (lambda: guard.post_action(WRITER, "cal", "r", "booked", {"x": {1, 2}}), InvalidMark),
+        (lambda: guard.post_action(WRITER, "nowhere", "r", "booked", {}), UnknownScope),
+        (lambda: guard.write_mark(WRITER, Observation(scope="cal", topic="gossip")),
+         InvalidMark),
+    ]
+    for call, error in calls:
+        with pytest.raises(error):
+            call()
+        assert observable(space) == before
+    for verb in ("fly", "booked"):
+        denied = guard.pre_action(WRITER, "cal", "r", verb, 0.5)
+        assert denied.verdict is Verdict.DENIED and verb in denied.reason
+        assert observable(space) == before
