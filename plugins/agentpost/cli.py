@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         func=cmd_recover)
 
     bench = sub.add_parser("bench", help="run a benchmark and print its numbers")
-    bench.add_argument("suite", choices=["envelopes", "leases"])
+    bench.add_argument("suite", choices=["envelopes", "leases", "marks"])
     bench.add_argument("--scale", type=float, default=1.0,
                        help="multiply the number of operations measured")
     bench.set_defaults(func=cmd_bench)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 SUITES: dict[str, str] = {"envelopes": "agentpost.benchmarks.envelopes",
-                          "leases": "agentpost.benchmarks.leases"}
+                          "leases": "agentpost.benchmarks.leases",
+                          "marks": "agentpost.benchmarks.marks"}
 
 
 def run_benchmark(suite: str, *, dsn: str | None = None, scale: float = 1.0) -> int:

@@ -1,0 +1,259 @@
+"""`agentpost bench marks`: the mark space at 100,000 and 1,000,000 marks, both backends.
+
+For each backend and size, in one run:
+- write rate, single (`write`) and batched (`write_many`, the fill itself);
+- read latency p50/p95 for one (scope, topic) and one (scope, resource), random keys;
+- `Guard.pre_action` p95 on fresh resources of a FIRST_WRITER scope;
+- `resolve_deferred` over 1,000 contested resources with 5 intents each (HIGHEST_CONFIDENCE,
+  deferred scope): the time for all 1,000 boundaries.
+
+Keys are spread so that one read returns a handful of marks (100,000 topics and 100,000
+resources at full scale): the goals are about not scanning the space, not about returning a
+large result. The in-memory backend is measured at 1,000,000 marks too unless `--scale`
+makes that smaller; memory use is printed beside it.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import resource
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentpost.benchmarks.common import Report, median, percentile, scratch_database
+from agentpost.marks import (
+    Action,
+    Agent,
+    ConflictPolicy,
+    DecayConfig,
+    Intent,
+    Observation,
+    Scope,
+    hours,
+)
+from agentpost.marks.space import MarkSpace
+
+BATCH = 10_000
+SAMPLES = 500
+CONTESTED = 1_000
+INTENTS_PER_RESOURCE = 5
+KEYS_PER_MARK = 10  # one topic or resource per ten marks
+
+MAIN = Scope(name="bench", allowed_intent_verbs=("book",), allowed_action_verbs=("booked",),
+             decay=DecayConfig(observation_half_life=hours(24), warning_half_life=hours(1),
+                               intent_ttl=hours(24)),
+             conflict_policy=ConflictPolicy.FIRST_WRITER)
+DEFERRED = Scope(name="bench-deferred", allowed_intent_verbs=("book",),
+                 allowed_action_verbs=("booked",),
+                 decay=DecayConfig(intent_ttl=hours(24)),
+                 conflict_policy=ConflictPolicy.HIGHEST_CONFIDENCE, deferred=True)
+SCOPES = [MAIN, DEFERRED]
+
+
+def _agent(name: str) -> Agent:
+    return Agent(name=name, scopes={"bench": ["intent", "action", "observation"],
+                                    "bench-deferred": ["intent", "action"]})
+
+
+@dataclass
+class Numbers:
+    """What one (backend, size) cell measured."""
+
+    backend: str
+    size: int
+    contested: int
+    batched_rate: float = 0.0
+    single_rate: float = 0.0
+    topic_ms: list[float] = field(default_factory=list)
+    resource_ms: list[float] = field(default_factory=list)
+    pre_action_ms: list[float] = field(default_factory=list)
+    deferred_s: float = 0.0
+    rss_mb: float = 0.0
+
+
+def _marks(start: int, count: int, keys: int) -> Iterator[Any]:
+    """Half observations (one topic per ten marks), a quarter intents, a quarter actions
+    (one resource per ten marks), deterministic."""
+    for i in range(start, start + count):
+        kind = i % 4
+        # the i-th observation (and the i-th intent or action) takes key i mod keys
+        key = ((i // 4) * 2 + kind % 2) % keys
+        if kind < 2:
+            yield Observation(scope="bench", topic=f"t{key}", content={"n": i}, confidence=0.9)
+        elif kind == 2:
+            yield Intent(scope="bench", resource=f"r{key}", action="book", confidence=0.5)
+        else:
+            yield Action(scope="bench", resource=f"r{key}", action="booked", result={"n": i})
+
+
+def _fill(space: Any, size: int) -> float:
+    """Write `size` marks with write_many; returns marks/s."""
+    writer = _agent("bench-writer")
+    keys = max(1, size // KEYS_PER_MARK)
+    started = time.perf_counter()
+    for start in range(0, size, BATCH):
+        space.write_many(writer, list(_marks(start, min(BATCH, size - start), keys)))
+    return size / (time.perf_counter() - started)
+
+
+def _single_rate(space: Any, count: int) -> float:
+    writer = _agent("bench-single")
+    marks = [Observation(scope="bench", topic=f"single-{i}", content={"n": i})
+             for i in range(count)]
+    started = time.perf_counter()
+    for mark in marks:
+        space.write(writer, mark)
+    return count / (time.perf_counter() - started)
+
+
+def _timed_ms(calls: list[Callable[[], Any]]) -> list[float]:
+    out = []
+    for call in calls:
+        started = time.perf_counter()
+        call()
+        out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+def _reads(space: Any, size: int, rng: random.Random) -> tuple[list[float], list[float]]:
+    keys = max(1, size // KEYS_PER_MARK)
+    topics = [f"t{rng.randrange(keys)}" for _ in range(SAMPLES)]
+    resources = [f"r{rng.randrange(keys)}" for _ in range(SAMPLES)]
+    by_topic = _timed_ms([lambda t=t: space.read("bench", topic=t) for t in topics])
+    by_resource = _timed_ms([lambda r=r: space.read("bench", resource=r) for r in resources])
+    return by_topic, by_resource
+
+
+def _pre_actions(space: Any) -> list[float]:
+    from agentpost.marks.guard import Guard
+
+    guard = Guard(space)
+    agents = [_agent(f"bench-guard-{i}") for i in range(4)]
+    run = uuid.uuid4().hex[:8]
+    return _timed_ms([
+        lambda i=i: guard.pre_action(agents[i % 4], "bench", f"fresh-{run}-{i // 2}", "book",
+                                     0.5 + (i % 4) / 10)
+        for i in range(SAMPLES)])
+
+
+def _deferred(space: Any, contested: int) -> float:
+    """`contested` resources, 5 intents each from 5 agents, resolved at one boundary each."""
+    agents = [_agent(f"bench-bidder-{i}") for i in range(INTENTS_PER_RESOURCE)]
+    run = uuid.uuid4().hex[:8]
+    names = [f"slot-{run}-{r}" for r in range(contested)]
+    for i, agent in enumerate(agents):
+        space.write_many(agent, [Intent(scope="bench-deferred", resource=name, action="book",
+                                        confidence=(i + 1) / 10) for name in names])
+    from agentpost.marks.guard import Guard
+
+    guard = Guard(space)
+    started = time.perf_counter()
+    for name in names:
+        guard.resolve_deferred("bench-deferred", name)
+    return time.perf_counter() - started
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _measure(backend: str, space: Any, size: int, contested: int) -> Numbers:
+    rng = random.Random(size)
+    numbers = Numbers(backend=backend, size=size, contested=contested)
+    numbers.batched_rate = _fill(space, size)
+    numbers.single_rate = _single_rate(space, min(2_000, max(100, size // 100)))
+    numbers.topic_ms, numbers.resource_ms = _reads(space, size, rng)
+    numbers.pre_action_ms = _pre_actions(space)
+    numbers.deferred_s = _deferred(space, contested)
+    numbers.rss_mb = _rss_mb()
+    return numbers
+
+
+@contextmanager
+def _postgres(dsn: str | None) -> Iterator[Callable[[str], Any]]:
+    from agentpost.marks.postgres import PostgresMarkSpace
+
+    with scratch_database(dsn, "agentpost_bench_marks") as bench_dsn:
+        spaces: list[Any] = []
+
+        def make(name: str) -> Any:
+            space = PostgresMarkSpace(bench_dsn, scopes=SCOPES, space=name)
+            spaces.append(space)
+            return space
+
+        try:
+            yield make
+        finally:
+            for space in spaces:
+                close = getattr(space, "close", None)
+                if close is not None:
+                    close()
+
+
+def run(*, dsn: str | None = None, scale: float = 1.0) -> int:
+    sizes = sorted({max(1_000, round(100_000 * scale)), max(1_000, round(1_000_000 * scale))})
+    contested = CONTESTED if scale >= 1 else max(20, round(CONTESTED * scale))
+    results: list[Numbers] = []
+    for size in sizes:
+        space = MarkSpace(scopes=SCOPES)
+        results.append(_measure("memory", space, size, contested))
+        del space
+        gc.collect()
+    with _postgres(dsn) as make:
+        for size in sizes:
+            results.append(_measure("postgres", make(f"bench-{size}-{uuid.uuid4().hex[:6]}"),
+                                    size, contested))
+    _report(results, scale).print()
+    return 0
+
+
+def _p(values: list[float], q: float) -> float:
+    return percentile(values, q) if values else float("nan")
+
+
+def _report(results: list[Numbers], scale: float) -> Report:
+    report = Report(f"agentpost bench marks (scale {scale:g}; {SAMPLES} reads and pre_actions "
+                    f"per cell; {CONTESTED:,} contested resources x {INTENTS_PER_RESOURCE} "
+                    "intents)")
+    for n in results:
+        cell = f"{n.backend}, {n.size:,} marks"
+        report.add(f"{cell}: write_many", f"{n.batched_rate:,.0f} marks/s")
+        report.add(f"{cell}: write (single)", f"{n.single_rate:,.0f} marks/s")
+        report.add(f"{cell}: read (scope, topic) p50/p95",
+                   f"{_p(n.topic_ms, 0.5):.3f} / {_p(n.topic_ms, 0.95):.3f} ms")
+        report.add(f"{cell}: read (scope, resource) p50/p95",
+                   f"{_p(n.resource_ms, 0.5):.3f} / {_p(n.resource_ms, 0.95):.3f} ms")
+        report.add(f"{cell}: pre_action p50/p95",
+                   f"{median(n.pre_action_ms):.3f} / {_p(n.pre_action_ms, 0.95):.3f} ms")
+        report.add(f"{cell}: resolve_deferred x {n.contested:,}", f"{n.deferred_s:.3f} s")
+        if n.backend == "memory":
+            report.add(f"{cell}: peak RSS of this process", f"{n.rss_mb:,.0f} MB")
+    _goals(report, results)
+    return report
+
+
+def _goals(report: Report, results: list[Numbers]) -> None:
+    memory = [n for n in results if n.backend == "memory"]
+    postgres = [n for n in results if n.backend == "postgres"]
+    if memory:
+        small = memory[0]
+        worst = max(_p(small.topic_ms, 0.95), _p(small.resource_ms, 0.95))
+        report.goal(f"in memory, read p95 at {small.size:,} marks well under 1 ms "
+                    f"(< 0.5 ms; measured {worst:.3f} ms)", worst < 0.5)
+    if postgres:
+        big = postgres[-1]
+        worst = max(_p(big.topic_ms, 0.95), _p(big.resource_ms, 0.95))
+        report.goal(f"Postgres read p95 < 3 ms at {big.size:,} marks (measured {worst:.3f} ms)",
+                    worst < 3.0)
+        pre = _p(big.pre_action_ms, 0.95)
+        report.goal(f"Postgres pre_action p95 < 5 ms at {big.size:,} marks "
+                    f"(measured {pre:.3f} ms)", pre < 5.0)
+    for n in results:
+        if n.contested == CONTESTED:
+            report.goal(f"{n.backend} at {n.size:,}: resolve_deferred over {CONTESTED:,} "
+                        f"resources < 1 s (measured {n.deferred_s:.3f} s)", n.deferred_s < 1.0)
