@@ -39,6 +39,7 @@ bench: venv
 	$(UV_INSTALL) --constraints constraints.txt procrastinate
 	$(BIN)/agentpost bench envelopes
 	$(BIN)/agentpost bench leases
+	$(BIN)/agentpost bench marks
 
 # Re-resolve the full lock after changing dependencies in pyproject.toml.
 constraints: venv
