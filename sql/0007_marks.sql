@@ -311,6 +311,25 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
      WHERE m.space = p_space;
 $$;
 
+-- P39: the actions holding one resource: neither failed nor superseded, whatever warnings
+-- say about them (a warning contests a fact, it does not undo it: §9.5). Written to match
+-- marks_resource (space, [scope, resource], fades_at) in full, as mark_read does: actions
+-- never fade (fades_at = Infinity) and only actions have a non-NULL `failed`; a mark_type
+-- test would let the planner of a table without statistics walk marks_scope over every
+-- action of the space instead. plpgsql, like mark_read, for a plan made once per session.
+CREATE FUNCTION agentpost.mark_claims(p_space text, p_scope text, p_resource text)
+RETURNS SETOF agentpost.marks
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY
+    SELECT m.* FROM agentpost.marks m
+     WHERE m.space = p_space AND ARRAY[m.scope, m.resource] = ARRAY[p_scope, p_resource]
+       AND m.resource IS NOT NULL AND m.fades_at >= 'Infinity'::float8 AND m.failed = false
+       AND NOT EXISTS (SELECT 1 FROM agentpost.marks x
+                        WHERE x.space = m.space AND x.supersedes = m.id)
+     ORDER BY m.seq;
+END $$;
+
 -- read(): the marks of one scope that match the filters, with strength > 0 and >= p_min, at
 -- p_now. A plpgsql function so that each branch's plan is made once per session instead of
 -- for every read (planning the inlined strength query costs more than running it); one

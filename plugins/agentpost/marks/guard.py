@@ -1261,10 +1261,11 @@ class Guard:
         """The active intents on (scope, resource) and the actions holding it. Actions come
         from `claims`, not from a read: a warning lowers an action's strength (§9.5) but the
         action still happened, and P39 makes any action a claim."""
-        marks = sorted(self._read(scope, resource=resource), key=_write_order)
+        read, claims = self.space.read_with_claims(scope, resource, ACTIVE)
+        marks = sorted((m for m in read if m.scope == scope), key=_write_order)
         return _Board(
             intents=tuple(m for m in marks if isinstance(m, Intent)),
-            actions=tuple(self.space.claims(scope, resource)),
+            actions=tuple(claims),
         )
 
     # ------------------------------------------------------------------ system writes

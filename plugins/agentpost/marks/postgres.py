@@ -578,6 +578,26 @@ class PostgresMarkSpace(SpaceBase):
     def _is_superseded(self, mark: Mark) -> bool:
         return bool(self._rows("superseded", {"id": str(mark.id)})[0][0])
 
+    def read_with_claims(
+        self, scope: str, resource: str, min_strength: float = DEFAULT_MIN_STRENGTH
+    ) -> tuple[list[Mark], list[Action]]:
+        """`read(scope, resource=...)` (full marks) and `claims(scope, resource)` in one
+        statement: the guard's view of a resource, one round trip."""
+        threshold = _threshold(min_strength)
+        self.get_scope(scope)
+        if _text_arg(scope) is None or _text_arg(resource) is None:
+            return [], []
+        now = self.now()
+        rows = self._rows("read_with_claims", {
+            "scope": scope, "resource": resource, "min_strength": threshold, "now": now,
+            "prune": self._prune(now, None, True, threshold)})
+        scored = [(_mark(row), row[_N]) for row in rows if not row[_N + 1]]
+        scored.sort(key=lambda pair: read_order_key(pair[0], pair[1]))
+        held = [_mark(row) for row in rows if row[_N + 1]]
+        return ([m for m, _ in scored],
+                sorted((m for m in held if isinstance(m, Action)),
+                       key=lambda m: (m.created_at, m.id)))
+
     def claims(self, scope: str, resource: str) -> list[Action]:
         """The actions holding (scope, resource): neither failed nor superseded, whatever
         warnings say (P39, §9.5), in write order."""

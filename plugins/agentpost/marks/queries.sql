@@ -76,21 +76,24 @@ SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes,
  ORDER BY m.seq
 
 -- name: claims
--- P39: actions on one resource that are neither failed nor superseded, whatever warnings say
--- about them (a warning contests a fact, it does not undo it: §9.5), in write order. Written
--- to match marks_resource (space, [scope, resource], fades_at) in full, as mark_read does:
--- actions never fade (fades_at = Infinity) and only actions have a non-NULL `failed`; a
--- mark_type test would let the planner of a table without statistics walk marks_scope over
--- every action of the space instead.
+-- P39: the actions holding one resource (see mark_claims), in write order.
 SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes, resource,
        action, topic, confidence, source, invalidates, severity, priority, blocking,
        resolved_by, failed, body
-  FROM agentpost.marks m
- WHERE m.space = %(space)s AND ARRAY[m.scope, m.resource] = ARRAY[%(scope)s, %(resource)s]
-   AND m.resource IS NOT NULL AND m.fades_at >= 'Infinity'::float8 AND m.failed = false
-   AND (SELECT true FROM agentpost.marks x
-         WHERE x.space = m.space AND x.supersedes = m.id LIMIT 1) IS NULL
- ORDER BY m.seq
+  FROM agentpost.mark_claims(%(space)s, %(scope)s, %(resource)s)
+
+-- name: read_with_claims
+-- The guard's view of one resource in one round trip: read(scope, resource=...) rows (with
+-- their strength, claim = false), then the resource's claims (claim = true).
+SELECT r.*, false AS claim
+  FROM agentpost.mark_read(%(space)s, %(scope)s, %(resource)s, NULL, NULL, %(min_strength)s,
+                           %(now)s, %(prune)s) r
+UNION ALL
+SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes, resource,
+       action, topic, confidence, source, invalidates, severity, priority, blocking,
+       resolved_by, failed, body,
+       NULL::float8, true
+  FROM agentpost.mark_claims(%(space)s, %(scope)s, %(resource)s)
 
 -- name: subscribe
 -- P48/P49: the new patterns replace the old, and what was queued before goes with them.

@@ -127,6 +127,9 @@ class MarkSpaceProtocol(Protocol):
     ) -> list[Mark]: ...
     def strength_of(self, mark: Mark) -> float: ...
     def claims(self, scope: str, resource: str) -> list[Action]: ...
+    def read_with_claims(
+        self, scope: str, resource: str, min_strength: float = DEFAULT_MIN_STRENGTH
+    ) -> tuple[list[Mark], list[Action]]: ...
     def resolve(self, need_mark_id: UUID, resolving_action_id: UUID) -> UUID: ...
     def aggregate_needs(self) -> list[NeedCluster]: ...
     def add_write_hook(self, callback: WriteHook) -> UUID: ...
@@ -330,6 +333,23 @@ class SpaceBase:
     def remove_write_hook(self, handle: UUID) -> bool:
         with self._lock:
             return self._hooks.pop(handle, None) is not None
+
+    def read_with_claims(
+        self, scope: str, resource: str, min_strength: float = DEFAULT_MIN_STRENGTH
+    ) -> tuple[list[Mark], list[Action]]:
+        """What the guard looks at on one resource: `read(scope, resource=...)` for full
+        marks and `claims(scope, resource)`, together (one round trip on Postgres)."""
+        return (self.read(scope, resource=resource, min_strength=min_strength),
+                self.claims(scope, resource))
+
+    def claims(self, scope: str, resource: str) -> list[Action]:  # pragma: no cover
+        raise NotImplementedError
+
+    def read(self, scope: str, resource: str | None = None, topic: str | None = None,
+             mark_type: MarkType | str | None = None,
+             min_strength: float = DEFAULT_MIN_STRENGTH,
+             reader: Agent | None = None) -> list[Mark]:  # pragma: no cover
+        raise NotImplementedError
 
     def _check_resolvable(self, need: Mark, action_id: UUID) -> None:
         """§8.3's preconditions: a need, not yet resolved nor superseded, and an action id
