@@ -5,9 +5,7 @@
 of its own, so one database serves a whole test module: a space is cheap to create by
 contract (no DDL, no scan), and two spaces never see each other's marks.
 
-``BACKENDS`` is the parameter list of the ``backend`` fixtures. The Postgres parameter is
-skipped, with the reason below, only while the module ``agentpost.marks.postgres`` does not
-exist (the lead drops this once it lands); never for any other reason.
+``BACKENDS`` is the parameter list of the ``backend`` fixtures.
 
 ``SpaceFactory`` is what the test modules' ``new_space`` fixtures hand out: it builds spaces of
 the test's backend and closes them all at teardown.
@@ -16,30 +14,18 @@ the test's backend and closes them all at teardown.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
 
+from agentpost.marks.postgres import PostgresMarkSpace
 from agentpost.marks.space import MarkSpace
-
-# Skipped only while the module does not exist; once it does, an import error is a failure.
-if importlib.util.find_spec("agentpost.marks.postgres") is None:
-    PostgresMarkSpace = None
-else:
-    from agentpost.marks.postgres import PostgresMarkSpace
-
-POSTGRES_MISSING = "PostgresMarkSpace not built yet"
 
 BACKENDS = [
     pytest.param("memory", id="memory"),
-    pytest.param(
-        "postgres",
-        id="postgres",
-        marks=pytest.mark.skipif(PostgresMarkSpace is None, reason=POSTGRES_MISSING),
-    ),
+    pytest.param("postgres", id="postgres"),
 ]
 
 # A fixed start for the injectable clocks: a realistic unix time, so float resolution at
@@ -59,8 +45,6 @@ def make_space(kind: str, scopes: Iterable[Any], clock: Clock, dsn: str | None =
     if kind == "memory":
         return MarkSpace(scopes=scopes, clock=clock)
     if kind == "postgres":
-        if PostgresMarkSpace is None:
-            pytest.skip(POSTGRES_MISSING)
         if dsn is None:
             raise ValueError("a postgres space needs a dsn")
         return PostgresMarkSpace(dsn, scopes=scopes, clock=clock, space=unique_space_name())
@@ -104,3 +88,12 @@ def factory_for(request: pytest.FixtureRequest, kind: str) -> SpaceFactory:
     """The factory of ``kind``; a Postgres one draws the module's database (``module_dsn``)."""
     dsn = request.getfixturevalue("module_dsn") if kind == "postgres" else None
     return SpaceFactory(kind, dsn)
+
+
+@pytest.fixture(params=BACKENDS, name="make_space")
+def make_space_fixture(request: pytest.FixtureRequest) -> Iterator[SpaceFactory]:
+    """``make_space(scopes, clock=T0)`` -> a fresh, empty space with ``scopes`` registered,
+    of each backend in turn (import it into a test module to use it)."""
+    factory = factory_for(request, request.param)
+    yield factory
+    factory.close_all()

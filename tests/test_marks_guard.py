@@ -41,18 +41,7 @@ from agentpost.marks.guard import (
     Verdict,
     as_result,
 )
-from marks_backends import BACKENDS, T0, factory_for
-
-
-@pytest.fixture(params=BACKENDS)
-def make_space(request: pytest.FixtureRequest):
-    """``make_space(scopes, clock=T0)`` -> a fresh, empty space with ``scopes`` registered,
-    of each backend in turn (the guard uses only the space interface, so every rule must
-    hold on both)."""
-    factory = factory_for(request, request.param)
-    yield factory
-    factory.close_all()
-
+from marks_backends import T0, make_space_fixture  # noqa: F401 (fixture)
 
 HYPOTHESIS = settings(
     max_examples=40,

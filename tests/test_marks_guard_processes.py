@@ -46,9 +46,7 @@ from agentpost.marks import (
     Verdict,
     hours,
 )
-from marks_backends import POSTGRES_MISSING, PostgresMarkSpace
-
-pytestmark = pytest.mark.skipif(PostgresMarkSpace is None, reason=POSTGRES_MISSING)
+from agentpost.marks.postgres import PostgresMarkSpace
 
 WORKERS = 4
 AGENTS_PER_WORKER = 3

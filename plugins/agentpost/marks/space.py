@@ -46,6 +46,7 @@ import logging
 import math
 import threading
 import time
+from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -257,7 +258,7 @@ def fire_hooks(hooks: Sequence[WriteHook], writes: Sequence[tuple[UUID, Mark]]) 
                 log.debug("mark space write hook failed", exc_info=True)
 
 
-class SpaceBase:
+class SpaceBase(ABC):
     """What both backends do alike: the clock, the scope registry (configuration, not
     stored), write hooks (process-local), and the checks before a need is resolved."""
 
@@ -269,14 +270,17 @@ class SpaceBase:
         for scope in scopes:
             self.register_scope(scope)
 
-    def get(self, mark_id: UUID) -> Mark | None:  # pragma: no cover - each backend's own
-        raise NotImplementedError
+    @abstractmethod
+    def get(self, mark_id: UUID) -> Mark | None:
+        """The stored mark with this id, full, or None."""
 
-    def write_many(self, agent: Agent, marks: Sequence[Mark]) -> list[UUID]:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def write_many(self, agent: Agent, marks: Sequence[Mark]) -> list[UUID]:
+        """Store marks all or nothing (each backend's storage)."""
 
-    def _is_superseded(self, mark: Mark) -> bool:  # pragma: no cover - each backend's own
-        raise NotImplementedError
+    @abstractmethod
+    def _is_superseded(self, mark: Mark) -> bool:
+        """Whether a stored mark supersedes this one."""
 
     # ----------------------------------------------------------------- clock and scopes
 
@@ -342,14 +346,16 @@ class SpaceBase:
         return (self.read(scope, resource=resource, min_strength=min_strength),
                 self.claims(scope, resource))
 
-    def claims(self, scope: str, resource: str) -> list[Action]:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def claims(self, scope: str, resource: str) -> list[Action]:
+        """The actions holding (scope, resource), whatever warnings say (P39)."""
 
+    @abstractmethod
     def read(self, scope: str, resource: str | None = None, topic: str | None = None,
              mark_type: MarkType | str | None = None,
              min_strength: float = DEFAULT_MIN_STRENGTH,
-             reader: Agent | None = None) -> list[Mark]:  # pragma: no cover
-        raise NotImplementedError
+             reader: Agent | None = None) -> list[Mark]:
+        """§8.2's read."""
 
     def _check_resolvable(self, need: Mark, action_id: UUID) -> None:
         """§8.3's preconditions: a need, not yet resolved nor superseded, and an action id

@@ -9,7 +9,7 @@ and counts a redelivery; the fourth return dead-letters it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -54,8 +54,8 @@ class LeaseOps:
     db: Database
     settings: Settings
 
-    def _envelope_row(self, row: Sequence[Any]) -> Envelope:  # pragma: no cover - mixin
-        raise NotImplementedError
+    #: provided by EnvelopeStore: an Envelope from a row of the envelope select list
+    _envelope_row: Callable[[Sequence[Any]], Envelope]
 
     def lease(self, workspace_id: str, max: int = 1, ttl: float = 30.0, *,
               holder: str | None = None) -> list[Lease]:

@@ -7,7 +7,7 @@ entry per workspace.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentpost.protocol.leases import InboxStats, stream_of
@@ -27,8 +27,8 @@ class ViewOps:
 
     db: Database
 
-    def _envelope_row(self, row: Sequence[Any]) -> Envelope:  # pragma: no cover - mixin
-        raise NotImplementedError
+    #: provided by EnvelopeStore: an Envelope from a row of the envelope select list
+    _envelope_row: Callable[[Sequence[Any]], Envelope]
 
     def stats(self, workspace_id: str) -> InboxStats:
         """Depth, in-flight, rates, counters and enqueue→first-lease latency of one inbox."""
