@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from agentpost.benchmarks import SUITES
 from agentpost.protocol.errors import (
     AgentpostError,
     ConfigurationError,
@@ -211,15 +212,17 @@ def build_parser() -> argparse.ArgumentParser:
         func=cmd_recover)
 
     bench = sub.add_parser("bench", help="run a benchmark and print its numbers")
-    bench.add_argument("suite", choices=["envelopes", "leases", "marks"])
+    bench.add_argument("suite", choices=sorted(SUITES))
     bench.add_argument("--scale", type=float, default=1.0,
                        help="multiply the number of operations measured")
     bench.set_defaults(func=cmd_bench)
+    from agentpost.commands_cli import register as register_commands
     from agentpost.gateway.cli import register as register_gateway
     from agentpost.inbox_cli import register as register_inbox
 
     register_inbox(sub)
     register_gateway(sub)
+    register_commands(sub)
     return parser
 
 

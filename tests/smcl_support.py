@@ -1,0 +1,48 @@
+"""Pieces the SMCL test modules share: processes racing one command through `ledger.run`."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import time
+import traceback
+from typing import Any
+
+import pytest
+
+from agentpost.store.commands import CommandLedger
+
+
+def run_in_race(dsn: str, request: dict[str, Any], pause: float, barrier: Any,
+                results: Any) -> None:
+    """One racer (a spawned process): wait for the others, then `ledger.run` the request with
+    an effect that counts its calls and lasts `pause` seconds, so the others meet it started."""
+    try:
+        with CommandLedger(dsn) as ledger:
+            barrier.wait(timeout=60)
+            ran: list[int] = []
+            view = ledger.run(fn=lambda: ran.append(1) or time.sleep(pause), **request)
+            results.put(("ok", view.command_id, len(ran), view.state.value))
+    except BaseException:
+        results.put(("error", traceback.format_exc(), 0, ""))
+
+
+def race(dsn: str, request: dict[str, Any], processes: int,
+         pause: float) -> list[tuple[str, str, int, str]]:
+    """Run `request` from `processes` spawned processes at once; their reports
+    (status, command id, times the effect ran, state seen)."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(processes), ctx.Queue()
+    procs = [ctx.Process(target=run_in_race, args=(dsn, request, pause, barrier, results))
+             for _ in range(processes)]
+    for proc in procs:
+        proc.start()
+    try:
+        reports = [results.get(timeout=120) for _ in procs]
+    except queue.Empty:
+        pytest.fail("a racing process did not report within 120 s")
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+    assert all(r[0] == "ok" for r in reports), reports
+    return reports
