@@ -219,10 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
     from agentpost.commands_cli import register as register_commands
     from agentpost.gateway.cli import register as register_gateway
     from agentpost.inbox_cli import register as register_inbox
+    from agentpost.routes_cli import register as register_routes
 
     register_inbox(sub)
     register_gateway(sub)
     register_commands(sub)
+    register_routes(sub)
     return parser
 
 
