@@ -49,9 +49,11 @@ def cmd_expire(args: argparse.Namespace) -> int:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
+    from agentpost.store.maintenance import maintain
+
     cli = _cli()
     with cli._store(args) as store:
-        cli._print_json(store.maintain(vacuum=not args.no_vacuum))
+        cli._print_json(maintain(store, vacuum=not args.no_vacuum))
     return 0
 
 
@@ -132,7 +134,9 @@ def register(sub: Any) -> None:
 
     sub.add_parser("expire", help="return every expired lease").set_defaults(func=cmd_expire)
     maintain = sub.add_parser("maintain", help="expire leases, retry deliveries, send rule "
-                                               "firings, VACUUM ANALYZE (schedule it)")
+                                               "firings, fail commands whose executor died, "
+                                               "time out exhausted route hops, VACUUM "
+                                               "ANALYZE (schedule it)")
     maintain.add_argument("--no-vacuum", action="store_true")
     maintain.set_defaults(func=cmd_maintain)
     dead = sub.add_parser("dead-letters", help="list an inbox's dead-lettered envelopes")

@@ -67,7 +67,8 @@ def _workspace(row: Sequence[Any]) -> Workspace:
 
 
 #: tables whose rows are updated or deleted on hot paths (queue indexes, counters, outbox)
-_BUSY_TABLES = ("envelopes", "inbox_counters", "rule_outbox", "signals", "trail")
+_BUSY_TABLES = ("envelopes", "inbox_counters", "rule_outbox", "signals", "trail", "commands",
+                "routes")
 
 
 class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
@@ -354,14 +355,15 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
         deliveries, send what rules queued, then VACUUM ANALYZE the store's busy tables.
         The last step stands in for autovacuum where it is off (the store's queue indexes
         and cached plans degrade without it); with autovacuum on it is cheap."""
-        result = {"leases": self.expire_leases(), "deliveries": self.redeliver(),
-                  "rules": self.fire_rules(), "vacuumed": []}
-        if vacuum:
-            with self.db.cursor() as cur:
-                for table in _BUSY_TABLES:
-                    cur.execute(f"VACUUM (ANALYZE) agentpost.{table}")
-                    result["vacuumed"].append(table)
-        return result
+        return {"leases": self.expire_leases(), "deliveries": self.redeliver(),
+                "rules": self.fire_rules(), "vacuumed": self.vacuum() if vacuum else []}
+
+    def vacuum(self) -> list[str]:
+        """VACUUM ANALYZE the store's busy tables; returns their names."""
+        with self.db.cursor() as cur:
+            for table in _BUSY_TABLES:
+                cur.execute(f"VACUUM (ANALYZE) agentpost.{table}")
+        return list(_BUSY_TABLES)
 
     def trail(self, *, workspace_id: str | None = None, envelope_id: str | None = None,
               event: str | None = None, after: int = 0, limit: int = 10_000) -> list[TrailEvent]:
