@@ -40,6 +40,7 @@ bench: venv
 	$(BIN)/agentpost bench envelopes
 	$(BIN)/agentpost bench leases
 	$(BIN)/agentpost bench marks
+	$(BIN)/agentpost bench commands
 
 # Re-resolve the full lock after changing dependencies in pyproject.toml.
 constraints: venv
