@@ -11,7 +11,8 @@ from collections.abc import Callable
 SUITES: dict[str, str] = {"commands": "agentpost.benchmarks.commands",
                           "envelopes": "agentpost.benchmarks.envelopes",
                           "leases": "agentpost.benchmarks.leases",
-                          "marks": "agentpost.benchmarks.marks"}
+                          "marks": "agentpost.benchmarks.marks",
+                          "routes": "agentpost.benchmarks.routes"}
 
 
 def run_benchmark(suite: str, *, dsn: str | None = None, scale: float = 1.0) -> int:

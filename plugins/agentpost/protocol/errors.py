@@ -45,3 +45,19 @@ class StoreError(AgentpostError):
 
 class StoreUnavailable(StoreError):
     """The store's database cannot be reached."""
+
+
+class InvalidRoute(InvalidInput):
+    """A malformed route: no actors, a bad actor name, an end actor in the route, a bad index."""
+
+
+class UnknownActor(InvalidRoute):
+    """The route names an actor that is not known (has no inbox)."""
+
+
+class RouteRewrite(InvalidRoute):
+    """A revised route that does not start with the part already travelled."""
+
+
+class RouteEnded(Conflict):
+    """The envelope is at an end actor: end actors never advance it."""

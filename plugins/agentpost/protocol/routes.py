@@ -52,7 +52,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
-from agentpost.protocol.errors import Conflict, InvalidInput
+from agentpost.protocol.errors import (  # re-exported: the route errors live with the rest
+    InvalidInput,
+    InvalidRoute,
+    RouteEnded,
+    RouteRewrite,
+    UnknownActor,
+)
 
 HAPPY_END = "happy-end"
 ERROR_END = "error-end"
@@ -67,22 +73,6 @@ MAX_ID = 96
 #: an envelope id: the characters a WACP caller-chosen id may use
 ENVELOPE_ID = rf"^[A-Za-z0-9._:-]{{1,{MAX_ID}}}$"
 _ERROR_KEYS = frozenset({"error", "message", "details"})
-
-
-class InvalidRoute(InvalidInput):
-    """A malformed route: no actors, a bad actor name, an end actor in the route, a bad index."""
-
-
-class UnknownActor(InvalidRoute):
-    """The route names an actor that is not known (has no inbox)."""
-
-
-class RouteRewrite(InvalidRoute):
-    """A revised route that does not start with the part already travelled."""
-
-
-class RouteEnded(Conflict):
-    """The envelope is at an end actor: end actors never advance it."""
 
 
 class RouteStatus(StrEnum):
