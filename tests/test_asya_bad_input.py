@@ -307,3 +307,17 @@ def test_a_forged_status_in_the_trail_is_detected(routes: RouteStore) -> None:
         " WHERE event = 'route_progress') RETURNING id")
     check = routes.store.verify_trail()
     assert not check.ok and check.failure_id == forged
+
+
+def test_a_route_row_edited_outside_the_store_is_detected(routes: RouteStore) -> None:
+    """Status 'recorded in the trail': the status row must be where its last route_progress
+    entry left it, so claiming success in the table alone (no signed entry) fails
+    verify_trail, naming the envelope."""
+    ((lease, env),) = routes.receive("prep")
+    routes.complete("prep", lease, env, {"x": 1})
+    assert routes.store.verify_trail().ok
+    routes.store.db.scalar("UPDATE agentpost.routes SET end_actor = 'happy-end',"
+                           " current = 3 WHERE id = 'abc' RETURNING 1")
+    check = routes.store.verify_trail()
+    assert not check.ok and check.failure_chain == "route:abc"
+    assert "happy-end" in (check.failure or "")

@@ -415,6 +415,31 @@ def test_forged_command_evidence_is_detected(store: EnvelopeStore, ledger: Comma
     assert not result.ok and result.failure_chain == f"command:{cid}"
 
 
+def test_a_command_row_edited_outside_the_ledger_is_detected(
+        store: EnvelopeStore, ledger: CommandLedger, ws: str) -> None:
+    """RFC 'Security' (tamper-evident) and 'terminal-state protection': a command's row must
+    be where its last signed state_change left it, so marking a failed command executed in
+    the table, or cutting its last artifact off the chain, fails verify_trail."""
+    cid = _run(ledger, ws, "k", fn=_fails).command_id
+    assert store.verify_trail().ok
+    store.db.scalar("UPDATE agentpost.commands SET state = 'executed' WHERE id = %s"
+                    " RETURNING 1", (cid,))
+    check = store.verify_trail()
+    assert not check.ok and check.failure_chain == f"command:{cid}"
+    store.db.scalar("UPDATE agentpost.commands SET state = 'failed' WHERE id = %s"
+                    " RETURNING 1", (cid,))
+    assert store.verify_trail().ok
+    store.db.scalar("DELETE FROM agentpost.trail WHERE chain = %s AND chain_seq ="
+                    " (SELECT max(chain_seq) FROM agentpost.trail WHERE chain = %s)"
+                    " RETURNING 1", (f"command:{cid}", f"command:{cid}"))
+    check = store.verify_trail()
+    assert not check.ok and check.failure_chain == f"command:{cid}"
+
+
+def _fails() -> None:
+    raise RuntimeError("the room is taken")
+
+
 def test_replayed_command_evidence_is_detected(store: EnvelopeStore, ledger: CommandLedger,
                                                ws: str) -> None:
     """Replayed evidence: an old, validly signed artifact appended again breaks the chain."""

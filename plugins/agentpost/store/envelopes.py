@@ -413,6 +413,10 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
         for chain, envelope_id, status, event in cur.fetchall():
             check.gap(chain, f"envelope {envelope_id} is {status} but the trail has no "
                               f"{event} entry for it (entries were removed)")
+        cur.execute(QUERIES["record_gaps"])
+        for chain, row_id, state, entry in cur.fetchall():
+            check.gap(chain, f"{row_id} is {state} but its last trail entry is not the "
+                              f"{entry} (the row was edited or entries were removed)")
 
 
 __all__ = ["EnvelopeStore", "RejectionReason", "Status"]

@@ -87,6 +87,35 @@ SELECT x.chain, e.id, e.status, x.event
  ORDER BY e.seq
  LIMIT 100
 
+-- name: record_gaps
+-- Commands and routed envelopes whose row is not where their last trail entry left it: a row
+-- edited outside the store's functions, or the end cut off a chain. (The trail's hashes cover
+-- the entries; this covers the rows they describe.)
+SELECT 'command:' || c.id, c.id, c.state, 'command_state_change to ' || c.state
+  FROM agentpost.commands c
+ WHERE c.state IS DISTINCT FROM (
+       SELECT split_part(t.record::jsonb -> 'body' -> 'lifecycle' ->> 'transition', '→', 2)
+         FROM agentpost.trail t
+        WHERE t.chain = 'command:' || c.id AND t.event = 'command_state_change'
+        ORDER BY t.chain_seq DESC
+        LIMIT 1)
+UNION ALL
+SELECT 'route:' || r.id, r.envelope_id, coalesce(r.end_actor, r.phase, 'routed'),
+       'route_progress at index ' || r.current
+  FROM agentpost.routes r
+ WHERE NOT EXISTS (
+       SELECT 1
+         FROM (SELECT t.record::jsonb -> 'body' AS body
+                 FROM agentpost.trail t
+                WHERE t.envelope_id = r.envelope_id AND t.event = 'route_progress'
+                ORDER BY t.id DESC
+                LIMIT 1) last
+        WHERE last.body ->> 'id' = r.id
+          AND (last.body ->> 'current')::int = r.current
+          AND last.body ->> 'end' IS NOT DISTINCT FROM r.end_actor
+          AND last.body ->> 'phase' IS NOT DISTINCT FROM r.phase)
+LIMIT 100
+
 -- name: send
 CALL agentpost.send(%(drafts)s, %(origin)s, %(user)s, %(timeout_ms)s, NULL)
 
