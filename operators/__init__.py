@@ -10,11 +10,13 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from agentpost.operators.commands import CommandOperator
     from agentpost.operators.inbox import InboxSensor
 
-__all__ = ["InboxSensor"]
+__all__ = ["CommandOperator", "InboxSensor"]
 
-_WHERE = {"InboxSensor": "agentpost.operators.inbox"}
+_WHERE = {"CommandOperator": "agentpost.operators.commands",
+          "InboxSensor": "agentpost.operators.inbox"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,6 +1,7 @@
 """The distribution registers itself as an Airflow provider: Airflow finds the `agentpost`
-connection type, its hook and the trigger module through the entry point (checked in a
-subprocess with a throwaway AIRFLOW_HOME, so this process's Airflow config stays untouched)."""
+connection type, its hook, the operator module and the trigger modules through the entry
+point (checked in a subprocess with a throwaway AIRFLOW_HOME, so this process's Airflow config
+stays untouched)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_provider_info_names_importable_modules() -> None:
     import importlib
 
     info = get_provider_info()
-    for group in ("hooks", "sensors", "triggers"):
+    for group in ("hooks", "sensors", "operators", "triggers"):
         for entry in info[group]:
             for module in entry["python-modules"]:
                 importlib.import_module(module)
@@ -48,4 +49,4 @@ def test_airflow_discovers_the_provider(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert found == {"provider": True, "hook": "agentpost.hooks.AgentpostHook",
-                     "triggers": ["agentpost.triggers"]}
+                     "triggers": ["agentpost.command_triggers", "agentpost.triggers"]}

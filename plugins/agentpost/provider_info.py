@@ -1,5 +1,5 @@
 """Airflow provider metadata (entry point `apache_airflow_provider`): the connection type
-`agentpost`, its hook, the inbox sensor and its trigger."""
+`agentpost`, its hook, the inbox sensor, the command operator and their triggers."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [{"integration-name": "agentpost", "python-modules": ["agentpost.hooks"]}],
         "sensors": [{"integration-name": "agentpost",
                      "python-modules": ["agentpost.operators.inbox"]}],
+        "operators": [{"integration-name": "agentpost",
+                       "python-modules": ["agentpost.operators.commands"]}],
         "triggers": [{"integration-name": "agentpost",
-                      "python-modules": ["agentpost.triggers"]}],
+                      "python-modules": ["agentpost.triggers",
+                                         "agentpost.command_triggers"]}],
         "connection-types": [{
             "hook-class-name": "agentpost.hooks.AgentpostHook",
             "hook-name": "agentpost",

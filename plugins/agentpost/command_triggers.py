@@ -1,0 +1,189 @@
+"""The trigger that waits on an SMCL command from Airflow's triggerer: `CommandTrigger`.
+
+A `CommandOperator` defers in two situations, and both are "wait until the command is no
+longer waiting": the command stopped at confirmation_required until a person (or agent)
+confirms or declines it, or a previous try's worker started it and has not finished (it either
+finishes, or its lease runs out and the command is swept to failed). Running the callable in
+parallel with that earlier executor would break "at most once", so the task waits instead.
+
+Wake-ups: a person's answer arrives as a ``command.confirmation`` envelope injected into the
+command's workspace, and every delivery NOTIFYs ``agentpost_inbox`` with that workspace, so
+the trigger LISTENs there. The ledger applies the decision in a second transaction right after
+the injection, so a notification is followed by a few quick re-checks before the trigger goes
+back to its poll interval. Nothing notifies the end of an execution or a confirmation through
+a need: the poll covers those. When the awaited command is started and its lease has expired,
+the trigger runs the ledger's sweep (idempotent, decided by the database's clock) so a task
+never waits forever for a dead executor because nobody scheduled the sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from agentpost.hooks import AgentpostHook, StoreTarget
+from agentpost.protocol.commands import CommandState, CommandView
+from agentpost.protocol.errors import InvalidInput, StoreUnavailable
+from agentpost.store import EnvelopeStore
+from agentpost.store.checks import name as _name
+from agentpost.store.checks import ref as _ref
+from agentpost.store.commands import CommandLedger
+from agentpost.store.listen import AsyncListener
+from agentpost.triggers import FIRST_COUNT_ATTEMPTS, FIRST_COUNT_RETRY_S, one_line, redact
+
+CLASSPATH = "agentpost.command_triggers.CommandTrigger"
+#: re-checks after a notification (seconds after it): the decision commits just after the
+#: envelope that announced it
+AFTER_NOTIFY_S = (0.1, 0.3, 0.6, 1.2, 2.5)
+
+
+def waiting(view: CommandView) -> bool:
+    """True while the command waits for someone else: a decision (confirmation_required, not
+    declined) or a running executor (started)."""
+    if view.state is CommandState.STARTED:
+        return True
+    return view.state is CommandState.CONFIRMATION_REQUIRED and not view.declined
+
+
+def lease_expired(view: CommandView, now: datetime | None = None) -> bool:
+    """A started command whose executor stopped renewing its lease (as the triggerer's clock
+    sees it; the sweep itself decides with the database's)."""
+    if view.state is not CommandState.STARTED or view.lease_expires_at is None:
+        return False
+    return view.lease_expires_at < (now or datetime.now(UTC))
+
+
+class _Watcher:
+    """The trigger's ledger, used from worker threads one call at a time and closed once no
+    call runs (a cancelled trigger must not close the pool under a running check)."""
+
+    def __init__(self, store: EnvelopeStore, sweep: bool) -> None:
+        self.store = store
+        self.ledger = CommandLedger(store)
+        self.sweep = sweep
+        self._lock = threading.Lock()
+
+    def check(self, command_id: str) -> CommandView:
+        with self._lock:
+            view = self.ledger.view(command_id)
+            if self.sweep and lease_expired(view) and self.ledger.sweep_stuck():
+                view = self.ledger.view(command_id)
+            return view
+
+    def close_soon(self) -> None:
+        threading.Thread(target=self._close, name="agentpost-trigger-close", daemon=True).start()
+
+    def _close(self) -> None:
+        with self._lock:
+            self.ledger.close()
+            self.store.close()
+
+
+class CommandTrigger(BaseTrigger):
+    """Fires once when command `command_id` no longer waits: it was confirmed, declined, or
+    its execution ended (executed, failed, swept to failed, canceled).
+
+    Event payloads: ``{"status": "ready", "command_id", "state", "declined"}``, or
+    ``{"status": "error", "command_id", "message"}`` (one line) when the command cannot be
+    watched (unknown command, no store configured, a store that never answered). The store is
+    found through the Airflow connection `conn_id`, resolved in the triggerer, so no password
+    is among the stored kwargs; `dsn` overrides it (tests, scripts).
+    """
+
+    def __init__(self, command_id: str, workspace: str, poll_interval: float = 30.0,
+                 conn_id: str = AgentpostHook.default_conn_name, dsn: str | None = None,
+                 sweep: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.command_id = _ref(command_id, "command id")
+        if not self.command_id.strip():
+            raise InvalidInput("command id must not be empty")
+        self.workspace = _name(workspace, "workspace")
+        if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) \
+                or not poll_interval > 0:
+            raise InvalidInput("poll_interval must be a positive number")
+        self.poll_interval = float(poll_interval)
+        self.conn_id = conn_id
+        self.dsn = dsn
+        self.sweep = bool(sweep)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return CLASSPATH, {"command_id": self.command_id, "workspace": self.workspace,
+                           "poll_interval": self.poll_interval, "conn_id": self.conn_id,
+                           "dsn": self.dsn, "sweep": self.sweep}
+
+    def __repr__(self) -> str:
+        classpath, kwargs = self.serialize()
+        return self.repr(classpath, {**kwargs, "dsn": redact(self.dsn)})
+
+    async def _target(self) -> StoreTarget:
+        if self.dsn:
+            return StoreTarget(dsn=self.dsn, source="dsn")
+        return await AgentpostHook(agentpost_conn_id=self.conn_id).aget_target()
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        yield await self.wait()
+
+    async def wait(self) -> TriggerEvent:
+        """Check, then wait for a notification (or the poll interval) and check again, until
+        the command no longer waits. Returns the one event `run` yields."""
+        try:
+            target = await self._target()
+            store = await asyncio.to_thread(target.open)
+        except Exception as exc:
+            return self._error(exc)
+        watcher = _Watcher(store, self.sweep)
+        listener = AsyncListener(store.dsn, [self.workspace])
+        try:
+            await listener.wait(0)  # LISTEN before the first check: no answer slips between
+            view = await self._first_check(watcher)
+            quick: list[float] = []
+            while view is None or waiting(view):
+                woke = await listener.wait(quick.pop(0) if quick else self.poll_interval)
+                if woke:
+                    quick = list(AFTER_NOTIFY_S)
+                view = await self._check(watcher)
+        except Exception as exc:
+            return self._error(exc)
+        finally:
+            listener.close()
+            watcher.close_soon()
+        self.log.info("command %s: %s%s", self.command_id, view.state.value,
+                      " (declined)" if view.declined else "")
+        return TriggerEvent({"status": "ready", "command_id": self.command_id,
+                             "state": view.state.value, "declined": view.declined})
+
+    async def _check(self, watcher: _Watcher) -> CommandView | None:
+        """One check; None when the store is away (waited out until the deferral times out)."""
+        try:
+            return await asyncio.to_thread(watcher.check, self.command_id)
+        except StoreUnavailable as exc:
+            self.log.warning("command %s: store unavailable, retrying at the next poll: %s",
+                             self.command_id, one_line(exc))
+            return None
+
+    async def _first_check(self, watcher: _Watcher) -> CommandView:
+        """The first check, retried briefly while the store is unreachable."""
+        attempt = 1
+        while True:
+            try:
+                return await asyncio.to_thread(watcher.check, self.command_id)
+            except StoreUnavailable as exc:
+                if attempt >= FIRST_COUNT_ATTEMPTS:
+                    raise
+                self.log.warning("command %s: store unavailable (attempt %d): %s",
+                                 self.command_id, attempt, one_line(exc))
+            attempt += 1
+            await asyncio.sleep(FIRST_COUNT_RETRY_S)
+
+    def _error(self, exc: BaseException) -> TriggerEvent:
+        self.log.error("command %s cannot be watched", self.command_id, exc_info=exc)
+        return TriggerEvent({"status": "error", "command_id": self.command_id,
+                             "message": one_line(exc)})
+
+
+__all__ = ["CommandTrigger", "lease_expired", "waiting"]
