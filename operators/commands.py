@@ -229,12 +229,9 @@ class CommandOperator(BaseOperator):
 
     @staticmethod
     def _latest_retry(ledger: CommandLedger, primary: CommandView) -> CommandView | None:
-        """The newest retry of `primary`, found through the `recovery_requested` evidence each
-        recovery command leaves in its target's chain."""
-        ids = [e.body["recovery_command_id"] for e in ledger.evidence(primary.command_id)
-               if e.body.get("lifecycle", {}).get("evidence_type") == "recovery_requested"
-               and e.body.get("recovery_kind") == CommandKind.RETRY.value]
-        return ledger.view(ids[-1]) if ids else None
+        """The newest retry of `primary` (a read that records nothing)."""
+        retries = ledger.recoveries(primary.command_id, CommandKind.RETRY)
+        return retries[-1] if retries else None
 
     def _wait(self, view: CommandView) -> None:
         """Defer until the command no longer waits (a person's answer, the end of an earlier

@@ -6,14 +6,15 @@ confirms or declines it, or a previous try's worker started it and has not finis
 finishes, or its lease runs out and the command is swept to failed). Running the callable in
 parallel with that earlier executor would break "at most once", so the task waits instead.
 
-Wake-ups: a person's answer arrives as a ``command.confirmation`` envelope injected into the
-command's workspace, and every delivery NOTIFYs ``agentpost_inbox`` with that workspace, so
-the trigger LISTENs there. The ledger applies the decision in a second transaction right after
-the injection, so a notification is followed by a few quick re-checks before the trigger goes
-back to its poll interval. Nothing notifies the end of an execution or a confirmation through
-a need: the poll covers those. When the awaited command is started and its lease has expired,
-the trigger runs the ledger's sweep (idempotent, decided by the database's clock) so a task
-never waits forever for a dead executor because nobody scheduled the sweep.
+Wake-ups: every change of a command's state (and a decline, which leaves the state as it is)
+NOTIFYs ``agentpost_command`` with the command's id, in the transaction that makes the change
+(sql/0012_command_events.sql): a confirmation or a decline, the end of an execution, a sweep, a
+cancel. The trigger LISTENs on that channel for its command before its first check, re-checks
+on each notification, and polls every `poll_interval` seconds in case a notification is lost
+(the listener's connection broke; it reconnects and wakes). When the awaited command is started
+and its lease has expired, the trigger runs the ledger's sweep (idempotent, decided by the
+database's clock) so a task never waits forever for a dead executor because nobody scheduled
+the sweep.
 """
 
 from __future__ import annotations
@@ -37,9 +38,16 @@ from agentpost.store.listen import AsyncListener
 from agentpost.triggers import FIRST_COUNT_ATTEMPTS, FIRST_COUNT_RETRY_S, one_line, redact
 
 CLASSPATH = "agentpost.command_triggers.CommandTrigger"
-#: re-checks after a notification (seconds after it): the decision commits just after the
-#: envelope that announced it
-AFTER_NOTIFY_S = (0.1, 0.3, 0.6, 1.2, 2.5)
+#: the channel a command's changes are notified on (payload: the command id)
+COMMAND_CHANNEL = "agentpost_command"
+
+
+class CommandListener(AsyncListener):
+    """An `AsyncListener` on ``agentpost_command`` instead of the inbox channel: `wait`
+    returns the ids of the watched commands notified since the last call (``"*"`` after a
+    reconnect, when notifications may have been missed)."""
+
+    channel = COMMAND_CHANNEL
 
 
 def waiting(view: CommandView) -> bool:
@@ -137,15 +145,12 @@ class CommandTrigger(BaseTrigger):
         except Exception as exc:
             return self._error(exc)
         watcher = _Watcher(store, self.sweep)
-        listener = AsyncListener(store.dsn, [self.workspace])
+        listener = CommandListener(store.dsn, [self.command_id])
         try:
-            await listener.wait(0)  # LISTEN before the first check: no answer slips between
+            await listener.wait(0)  # LISTEN before the first check: no change slips between
             view = await self._first_check(watcher)
-            quick: list[float] = []
             while view is None or waiting(view):
-                woke = await listener.wait(quick.pop(0) if quick else self.poll_interval)
-                if woke:
-                    quick = list(AFTER_NOTIFY_S)
+                await listener.wait(self.poll_interval)  # a notification, or the poll
                 view = await self._check(watcher)
         except Exception as exc:
             return self._error(exc)
@@ -186,4 +191,4 @@ class CommandTrigger(BaseTrigger):
                              "message": one_line(exc)})
 
 
-__all__ = ["CommandTrigger", "lease_expired", "waiting"]
+__all__ = ["COMMAND_CHANNEL", "CommandListener", "CommandTrigger", "lease_expired", "waiting"]

@@ -461,6 +461,28 @@ class CommandLedger:
         return _view(self.db.scalar("SELECT agentpost.command_view(%s)",
                                     (_ref(command_id, "command id"),)))
 
+    def find(self, workspace: str, idempotency_key: str) -> CommandView | None:
+        """The command of ``idempotency_key`` in ``workspace``, or None: a read that records
+        nothing (a duplicate ``submit``/``run`` records duplicate_delivery). An unknown
+        workspace raises NotFound."""
+        key = _text(idempotency_key, "idempotency_key", 200)
+        if not key.strip():
+            raise InvalidInput("idempotency_key must not be empty")
+        data = self.db.scalar("SELECT agentpost.command_find(%s, %s)",
+                              (_name(workspace, "workspace"), key))
+        return None if data is None else _view(data)
+
+    def recoveries(self, command_id: str, kind: CommandKind | str | None = None
+                   ) -> list[CommandView]:
+        """The recovery commands targeting ``command_id`` (only those of ``kind`` if given),
+        oldest first; a read that records nothing. An unknown command raises NotFound."""
+        wanted = None if kind is None else _kind(kind)
+        if wanted is CommandKind.PRIMARY:
+            raise InvalidInput("a recovery command is retry, cancel, reprocess or compensate")
+        data = self.db.scalar("SELECT agentpost.command_recoveries(%s, %s)", (
+            _ref(command_id, "command id"), None if wanted is None else wanted.value))
+        return [_view(item) for item in data]
+
     def evidence(self, command_id: str) -> list[TrailEvent]:
         """The command's evidence, in order: its trail chain ``command:<id>``."""
         view = self.view(command_id)

@@ -27,8 +27,10 @@ class Listener:
 
     `wait(timeout)` returns the workspaces notified since the last call (an empty set on a
     timeout). A broken connection is reopened on the next wait; until then waits simply time
-    out, which is the polling fallback.
+    out, which is the polling fallback. Subclasses listening elsewhere set `channel`.
     """
+
+    channel = INBOX_CHANNEL
 
     def __init__(self, dsn: str, workspaces: Iterable[str] | None = None) -> None:
         self.dsn = libpq_dsn(dsn)
@@ -49,7 +51,7 @@ class Listener:
             conn = psycopg2.connect(self.dsn, application_name="agentpost-listen")
             conn.autocommit = True
             with conn.cursor() as cur:
-                cur.execute(f"LISTEN {INBOX_CHANNEL}")
+                cur.execute(f"LISTEN {self.channel}")
         except psycopg2.Error:
             self._conn = None
             return None
