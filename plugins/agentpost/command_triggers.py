@@ -35,7 +35,7 @@ from agentpost.store.checks import name as _name
 from agentpost.store.checks import ref as _ref
 from agentpost.store.commands import CommandLedger
 from agentpost.store.listen import AsyncListener
-from agentpost.triggers import FIRST_COUNT_ATTEMPTS, FIRST_COUNT_RETRY_S, one_line, redact
+from agentpost.triggers import first_check, one_line, redact
 
 CLASSPATH = "agentpost.command_triggers.CommandTrigger"
 #: the channel a command's changes are notified on (payload: the command id)
@@ -173,17 +173,8 @@ class CommandTrigger(BaseTrigger):
 
     async def _first_check(self, watcher: _Watcher) -> CommandView:
         """The first check, retried briefly while the store is unreachable."""
-        attempt = 1
-        while True:
-            try:
-                return await asyncio.to_thread(watcher.check, self.command_id)
-            except StoreUnavailable as exc:
-                if attempt >= FIRST_COUNT_ATTEMPTS:
-                    raise
-                self.log.warning("command %s: store unavailable (attempt %d): %s",
-                                 self.command_id, attempt, one_line(exc))
-            attempt += 1
-            await asyncio.sleep(FIRST_COUNT_RETRY_S)
+        return await first_check(lambda: watcher.check(self.command_id), self.log,
+                                 f"command {self.command_id}")
 
     def _error(self, exc: BaseException) -> TriggerEvent:
         self.log.error("command %s cannot be watched", self.command_id, exc_info=exc)

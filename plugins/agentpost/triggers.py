@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
@@ -25,6 +25,8 @@ from agentpost.protocol.errors import InvalidInput, StoreUnavailable
 from agentpost.protocol.leases import workspace_of
 from agentpost.store import EnvelopeStore
 from agentpost.store.listen import AsyncListener
+
+T = TypeVar("T")
 
 CLASSPATH = "agentpost.triggers.InboxTrigger"
 #: a store that has not answered yet is retried this often, this many seconds apart, before
@@ -87,6 +89,22 @@ class _Counter:
     def _close(self) -> None:
         with self._lock:
             self.store.close()
+
+
+async def first_check(check: Callable[[], T], log: Any, what: str) -> T:
+    """A trigger's first look at the store, in a worker thread, retried briefly while the
+    store is unreachable (a triggerer restarting with the database): later looks wait for
+    the next poll instead, but without a first answer there is nothing to wait on."""
+    attempt = 1
+    while True:
+        try:
+            return await asyncio.to_thread(check)
+        except StoreUnavailable as exc:
+            if attempt >= FIRST_COUNT_ATTEMPTS:
+                raise
+            log.warning("%s: store unavailable (attempt %d): %s", what, attempt, one_line(exc))
+        attempt += 1
+        await asyncio.sleep(FIRST_COUNT_RETRY_S)
 
 
 class InboxTrigger(BaseTrigger):
@@ -170,17 +188,8 @@ class InboxTrigger(BaseTrigger):
 
     async def _first_count(self, counter: _Counter) -> int:
         """The first count, retried briefly while the store is unreachable."""
-        attempt = 1
-        while True:
-            try:
-                return await asyncio.to_thread(counter.count, self.workspace_id)
-            except StoreUnavailable as exc:
-                if attempt >= FIRST_COUNT_ATTEMPTS:
-                    raise
-                self.log.warning("inbox %s: store unavailable (attempt %d): %s",
-                                 self.workspace_id, attempt, one_line(exc))
-            attempt += 1
-            await asyncio.sleep(FIRST_COUNT_RETRY_S)
+        return await first_check(lambda: counter.count(self.workspace_id), self.log,
+                                 f"inbox {self.workspace_id}")
 
     def _error(self, exc: BaseException) -> TriggerEvent:
         self.log.error("inbox %s cannot be watched", self.workspace_id, exc_info=exc)
