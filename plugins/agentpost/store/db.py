@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg2
 from sqlalchemy import create_engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import QueuePool
 
 from agentpost.protocol.errors import (
@@ -82,17 +83,21 @@ class Database:
         except psycopg2.Error as exc:
             raise translate(exc) from None
         conn.autocommit = True
-        with conn.cursor() as cur:
-            # The server-side steps run the same short statements over and over with
-            # different parameters: generic plans, planned once per session, beat re-planning
-            # each call, and compiling them (JIT) never pays off.
-            pads = ("" if self._pads is None else
-                    "set_config('agentpost.mac_ipad', %s, false),"
-                    " set_config('agentpost.mac_opad', %s, false),")
-            cur.execute(f"SELECT {pads}"
-                        " set_config('plan_cache_mode', 'force_generic_plan', false),"
-                        " set_config('jit', 'off', false)",
-                        self._pads or ())
+        # The server-side steps run the same short statements over and over with different
+        # parameters: generic plans, planned once per session, beat re-planning each call,
+        # and compiling them (JIT) never pays off.
+        pads = ("" if self._pads is None else
+                "set_config('agentpost.mac_ipad', %s, false),"
+                " set_config('agentpost.mac_opad', %s, false),")
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT {pads}"
+                            " set_config('plan_cache_mode', 'force_generic_plan', false),"
+                            " set_config('jit', 'off', false)",
+                            self._pads or ())
+        except psycopg2.Error as exc:  # the new connection was cut while being set up
+            conn.close()
+            raise translate(exc) from None
         return conn
 
     @contextmanager
@@ -105,6 +110,10 @@ class Database:
             raise
         except psycopg2.Error as exc:
             raise translate(exc) from None
+        except DBAPIError as exc:  # SQLAlchemy's first-connect checks, cut by a lost server
+            if isinstance(exc.orig, psycopg2.Error):
+                raise translate(exc.orig) from None
+            raise
         broken = False
         try:
             with fairy.driver_connection.cursor() as cur:

@@ -1,0 +1,52 @@
+"""The store's database layer at its API boundary: whatever fails while a connection is being
+made comes out as a typed agentpost error, never a SQLAlchemy or psycopg2 exception."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg2
+import psycopg2.extensions
+import pytest
+from sqlalchemy.exc import SQLAlchemyError
+
+from agentpost.protocol.errors import AgentpostError
+from agentpost.store.db import Database
+from agentpost.store.server import libpq_dsn
+
+
+@pytest.fixture
+def restricted_dsn(dsn: str) -> Iterator[str]:
+    """A login role on a database where SQLAlchemy's first-connect check (it asks the
+    server's version) is refused: the failure then comes from inside the pool's first
+    connect, the path a server lost at that moment takes too."""
+    role = f"agentpost_restricted_{uuid.uuid4().hex[:8]}"
+    admin = psycopg2.connect(libpq_dsn(dsn))
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE ROLE {role} LOGIN")
+        cur.execute("REVOKE EXECUTE ON FUNCTION pg_catalog.version() FROM PUBLIC")
+    try:
+        yield psycopg2.extensions.make_dsn(libpq_dsn(dsn), user=role)
+    finally:
+        with admin.cursor() as cur:
+            cur.execute("GRANT EXECUTE ON FUNCTION pg_catalog.version() TO PUBLIC")
+            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE usename = %s", (role,))
+            cur.execute(f"DROP ROLE {role}")
+        admin.close()
+
+
+def test_a_failed_first_connect_check_is_a_typed_error(restricted_dsn: str) -> None:
+    """'No leaked tracebacks or database errors at an API boundary': the pool's first-connect
+    check failing (here refused; in the wild, a server cut off at that moment) raises an
+    AgentpostError with a one-line message, not SQLAlchemy's DBAPIError."""
+    db = Database(restricted_dsn, None)
+    try:
+        with pytest.raises(AgentpostError) as raised:
+            db.scalar("SELECT 1")
+        assert not isinstance(raised.value, SQLAlchemyError | psycopg2.Error)
+        assert "\n" not in str(raised.value) and "version" in str(raised.value)
+    finally:
+        db.dispose()
