@@ -20,14 +20,12 @@ the sweep.
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import TriggerEvent
 
-from agentpost.hooks import AgentpostHook, StoreTarget
+from agentpost.hooks import AgentpostHook
 from agentpost.protocol.commands import CommandState, CommandView
 from agentpost.protocol.errors import InvalidInput, StoreUnavailable
 from agentpost.store import EnvelopeStore
@@ -35,7 +33,7 @@ from agentpost.store.checks import name as _name
 from agentpost.store.checks import ref as _ref
 from agentpost.store.commands import CommandLedger
 from agentpost.store.listen import AsyncListener
-from agentpost.triggers import first_check, one_line, redact
+from agentpost.triggers import StoreTrigger, TriggerStore, first_check, one_line, positive
 
 CLASSPATH = "agentpost.command_triggers.CommandTrigger"
 #: the channel a command's changes are notified on (payload: the command id)
@@ -66,15 +64,13 @@ def lease_expired(view: CommandView, now: datetime | None = None) -> bool:
     return view.lease_expires_at < (now or datetime.now(UTC))
 
 
-class _Watcher:
-    """The trigger's ledger, used from worker threads one call at a time and closed once no
-    call runs (a cancelled trigger must not close the pool under a running check)."""
+class _Watcher(TriggerStore):
+    """The trigger's ledger over its store (see TriggerStore: closed once no check runs)."""
 
     def __init__(self, store: EnvelopeStore, sweep: bool) -> None:
-        self.store = store
+        super().__init__(store)
         self.ledger = CommandLedger(store)
         self.sweep = sweep
-        self._lock = threading.Lock()
 
     def check(self, command_id: str) -> CommandView:
         with self._lock:
@@ -83,16 +79,12 @@ class _Watcher:
                 view = self.ledger.view(command_id)
             return view
 
-    def close_soon(self) -> None:
-        threading.Thread(target=self._close, name="agentpost-trigger-close", daemon=True).start()
-
-    def _close(self) -> None:
-        with self._lock:
-            self.ledger.close()
-            self.store.close()
+    def release(self) -> None:
+        self.ledger.close()
+        self.store.close()
 
 
-class CommandTrigger(BaseTrigger):
+class CommandTrigger(StoreTrigger):
     """Fires once when command `command_id` no longer waits: it was confirmed, declined, or
     its execution ended (executed, failed, swept to failed, canceled).
 
@@ -111,10 +103,7 @@ class CommandTrigger(BaseTrigger):
         if not self.command_id.strip():
             raise InvalidInput("command id must not be empty")
         self.workspace = _name(workspace, "workspace")
-        if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) \
-                or not poll_interval > 0:
-            raise InvalidInput("poll_interval must be a positive number")
-        self.poll_interval = float(poll_interval)
+        self.poll_interval = positive(poll_interval, "poll_interval")
         self.conn_id = conn_id
         self.dsn = dsn
         self.sweep = bool(sweep)
@@ -123,18 +112,6 @@ class CommandTrigger(BaseTrigger):
         return CLASSPATH, {"command_id": self.command_id, "workspace": self.workspace,
                            "poll_interval": self.poll_interval, "conn_id": self.conn_id,
                            "dsn": self.dsn, "sweep": self.sweep}
-
-    def __repr__(self) -> str:
-        classpath, kwargs = self.serialize()
-        return self.repr(classpath, {**kwargs, "dsn": redact(self.dsn)})
-
-    async def _target(self) -> StoreTarget:
-        if self.dsn:
-            return StoreTarget(dsn=self.dsn, source="dsn")
-        return await AgentpostHook(agentpost_conn_id=self.conn_id).aget_target()
-
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        yield await self.wait()
 
     async def wait(self) -> TriggerEvent:
         """Check, then wait for a notification (or the poll interval) and check again, until

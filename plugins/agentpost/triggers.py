@@ -12,6 +12,7 @@ LISTEN, waits on the socket from the event loop, so the triggerer's loop never b
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import re
 import threading
@@ -57,7 +58,7 @@ def redact(dsn: str | None) -> str | None:
     return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
 
 
-def _positive(value: object, what: str) -> float:
+def positive(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise InvalidInput(f"{what} must be a positive number")
     return float(value)
@@ -69,26 +70,33 @@ def _at_least_one(value: object, what: str) -> int:
     return value
 
 
-class _Counter:
-    """The trigger's store, used from worker threads one call at a time. A trigger cancelled
-    while a count runs in its thread must not close the pool under that thread (the
-    connection would be orphaned and stay open): the store is closed once no count runs, by
-    a short-lived thread, so the event loop never waits for it."""
+class TriggerStore:
+    """A trigger's store, used from worker threads one call at a time. A trigger cancelled
+    while a call runs in its thread must not close the pool under that thread (the
+    connection would be orphaned and stay open): the store is closed once no call runs, by
+    a short-lived thread, so the event loop never waits for it. Subclasses make their calls
+    under `_lock`."""
 
     def __init__(self, store: EnvelopeStore) -> None:
         self.store = store
         self._lock = threading.Lock()
-
-    def count(self, workspace_id: str) -> int:
-        with self._lock:
-            return available(self.store, workspace_id)
 
     def close_soon(self) -> None:
         threading.Thread(target=self._close, name="agentpost-trigger-close", daemon=True).start()
 
     def _close(self) -> None:
         with self._lock:
-            self.store.close()
+            self.release()
+
+    def release(self) -> None:
+        """Close what the calls used (the lock is held)."""
+        self.store.close()
+
+
+class _Counter(TriggerStore):
+    def count(self, workspace_id: str) -> int:
+        with self._lock:
+            return available(self.store, workspace_id)
 
 
 async def first_check(check: Callable[[], T], log: Any, what: str) -> T:
@@ -107,7 +115,33 @@ async def first_check(check: Callable[[], T], log: Any, what: str) -> T:
         await asyncio.sleep(FIRST_COUNT_RETRY_S)
 
 
-class InboxTrigger(BaseTrigger):
+class StoreTrigger(BaseTrigger):
+    """What the agentpost triggers share: the store is found through the Airflow connection
+    `conn_id`, resolved in the triggerer (no password among the stored kwargs), unless `dsn`
+    overrides it; the repr hides the DSN's password; `run` yields the one event `wait`
+    returns."""
+
+    conn_id: str
+    dsn: str | None
+
+    def __repr__(self) -> str:
+        classpath, kwargs = self.serialize()
+        return self.repr(classpath, {**kwargs, "dsn": redact(self.dsn)})
+
+    async def _target(self) -> StoreTarget:
+        if self.dsn:
+            return StoreTarget(dsn=self.dsn, source="dsn")
+        return await AgentpostHook(agentpost_conn_id=self.conn_id).aget_target()
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        yield await self.wait()
+
+    @abc.abstractmethod
+    async def wait(self) -> TriggerEvent:
+        """Wait for what the trigger watches; the one event `run` yields."""
+
+
+class InboxTrigger(StoreTrigger):
     """Fires once when at least `min_envelopes` envelopes of `workspace_id`'s inbox are
     available to lease.
 
@@ -128,7 +162,7 @@ class InboxTrigger(BaseTrigger):
         super().__init__(**kwargs)
         self.workspace_id = workspace_of(workspace_id)
         self.min_envelopes = _at_least_one(min_envelopes, "min_envelopes")
-        self.poll_interval = _positive(poll_interval, "poll_interval")
+        self.poll_interval = positive(poll_interval, "poll_interval")
         self.conn_id = conn_id
         self.dsn = dsn
 
@@ -140,18 +174,6 @@ class InboxTrigger(BaseTrigger):
             "conn_id": self.conn_id,
             "dsn": self.dsn,
         }
-
-    def __repr__(self) -> str:
-        classpath, kwargs = self.serialize()
-        return self.repr(classpath, {**kwargs, "dsn": redact(self.dsn)})
-
-    async def _target(self) -> StoreTarget:
-        if self.dsn:
-            return StoreTarget(dsn=self.dsn, source="dsn")
-        return await AgentpostHook(agentpost_conn_id=self.conn_id).aget_target()
-
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        yield await self.wait()
 
     async def wait(self) -> TriggerEvent:
         """Count, then wait for a notification (or the poll interval) and count again, until
