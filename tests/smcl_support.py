@@ -1,4 +1,5 @@
-"""Pieces the SMCL test modules share: processes racing one command through `ledger.run`."""
+"""Pieces the SMCL test modules share: a ledger on the test's store, and processes racing one
+command through `ledger.run`."""
 
 from __future__ import annotations
 
@@ -6,11 +7,19 @@ import multiprocessing
 import queue
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
+
+
+@pytest.fixture(name="ledger")
+def ledger_fixture(store: EnvelopeStore) -> Iterator[CommandLedger]:
+    with CommandLedger(store) as ledger:
+        yield ledger
 
 
 def run_in_race(dsn: str, request: dict[str, Any], pause: float, barrier: Any,

@@ -52,10 +52,9 @@ from test_airflow_inbox import (
     CONN_VAR,
     WAKE_BOUND,
     airflow_env,
-    backends,
+    assert_cancel_closes_connections,
     connection_json,
     in_background,
-    listening_backends,
     wait_for_listener,
 )
 
@@ -168,22 +167,8 @@ def test_a_cancelled_trigger_closes_its_connections(desk: EnvelopeStore, dsn: st
     with CommandLedger(desk) as ledger:
         command_id = waiting_command(ledger, "k-cancel")
 
-    async def cancel_while_waiting() -> None:
-        trigger = CommandTrigger(command_id=command_id, workspace="desk", dsn=dsn)
-        waiting = asyncio.ensure_future(anext(trigger.run()))
-        await asyncio.to_thread(wait_for_listener, dsn)
-        waiting.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
-
-    before = backends(dsn, "agentpost")  # the fixture store's own pool
-    asyncio.run(cancel_while_waiting())
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (
-            listening_backends(dsn) or backends(dsn, "agentpost") - before):
-        time.sleep(0.05)
-    assert not listening_backends(dsn), "the listener connection outlived the trigger"
-    assert not backends(dsn, "agentpost") - before, "the store connection outlived the trigger"
+    assert_cancel_closes_connections(
+        dsn, CommandTrigger(command_id=command_id, workspace="desk", dsn=dsn))
 
 
 def test_trigger_reports_errors_and_serializes(desk: EnvelopeStore, dsn: str) -> None:

@@ -49,7 +49,7 @@ from agentpost.operators import InboxSensor
 from agentpost.protocol.errors import ConfigurationError, InvalidInput, StoreUnavailable
 from agentpost.store import EnvelopeStore
 from agentpost.store.server import libpq_dsn
-from agentpost.triggers import InboxTrigger, available
+from agentpost.triggers import InboxTrigger, StoreTrigger, available
 from dbtools import connect, rows
 from test_leases import LONG_TTL, send, topology
 
@@ -321,13 +321,12 @@ def test_trigger_retries_a_store_that_has_not_answered_yet(
     assert payload["status"] == "ready" and len(calls) == 2, (payload, calls)
 
 
-def test_a_cancelled_trigger_closes_its_connections(inboxes: EnvelopeStore,
-                                                    dsn: str) -> None:
-    """The triggerer cancels a trigger on the deferral timeout or when the task is cleared:
-    the trigger's LISTEN and store connections must not outlive it."""
+def assert_cancel_closes_connections(dsn: str, trigger: StoreTrigger) -> None:
+    """Cancel `trigger` while it waits on LISTEN; neither its LISTEN connection nor its store
+    connections may outlive it."""
 
     async def cancel_while_waiting() -> None:
-        waiting = asyncio.ensure_future(anext(InboxTrigger(workspace_id="w1", dsn=dsn).run()))
+        waiting = asyncio.ensure_future(anext(trigger.run()))
         await asyncio.to_thread(wait_for_listener, dsn)
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -341,6 +340,13 @@ def test_a_cancelled_trigger_closes_its_connections(inboxes: EnvelopeStore,
         time.sleep(0.05)
     assert not listening_backends(dsn), "the listener connection outlived the trigger"
     assert not backends(dsn, "agentpost") - before, "the store connection outlived the trigger"
+
+
+def test_a_cancelled_trigger_closes_its_connections(inboxes: EnvelopeStore,
+                                                    dsn: str) -> None:
+    """The triggerer cancels a trigger on the deferral timeout or when the task is cleared:
+    the trigger's LISTEN and store connections must not outlive it."""
+    assert_cancel_closes_connections(dsn, InboxTrigger(workspace_id="w1", dsn=dsn))
 
 
 def test_trigger_reports_errors_as_one_line_events(inboxes: EnvelopeStore, dsn: str,

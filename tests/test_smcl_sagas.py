@@ -24,6 +24,7 @@ from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
 from agentpost.store.sagas import SagaAborted, SagaRunner, SagaState, SagaWaiting
 from dbtools import connect, query, rows
+from smcl_support import ledger_fixture  # noqa: F401 (fixture)
 
 S = CommandState
 TRIP = [("flight", "book"), ("hotel", "book"), ("car", "book")]
@@ -49,12 +50,6 @@ class World:
     def handlers(self) -> dict[str, Callable[[dict[str, Any]], Any]]:
         return {"book": self._effect("book"), "cancel": self._effect("cancel"),
                 "pay": self._effect("pay")}
-
-
-@pytest.fixture
-def ledger(store: EnvelopeStore) -> Iterator[CommandLedger]:
-    with CommandLedger(store) as ledger:
-        yield ledger
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,18 +28,12 @@ from agentpost.protocol.errors import (
 )
 from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
-from smcl_support import race
+from smcl_support import ledger_fixture, race  # noqa: F401 (fixture)
 
 S = CommandState
 RACERS = 4
 FULL_RUN = ["received→canonicalized", "canonicalized→authz_pending", "authz_pending→authorized",
             "authorized→started", "started→executed"]
-
-
-@pytest.fixture
-def ledger(store: EnvelopeStore) -> Iterator[CommandLedger]:
-    with CommandLedger(store) as ledger:
-        yield ledger
 
 
 @pytest.fixture
