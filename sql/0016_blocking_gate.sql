@@ -36,14 +36,11 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM agentpost._fail('AP404', format('unknown envelope %L', p_id));
     END IF;
-    IF e.consumed_at IS NOT NULL THEN
-        PERFORM agentpost._fail('APL09', format(
-            'the lease on envelope %L is stale: the envelope was consumed since', p_id));
-    END IF;
-    IF e.lease_token IS DISTINCT FROM p_token THEN
+    IF e.lease_token IS DISTINCT FROM p_token OR e.consumed_at IS NOT NULL THEN
         PERFORM agentpost._fail('APL09', format(
             'the lease on envelope %L is stale: it was %s since', p_id,
-            CASE WHEN e.status = 'undeliverable' THEN 'dead-lettered'
+            CASE WHEN e.consumed_at IS NOT NULL THEN 'consumed (acknowledged)'
+                 WHEN e.status = 'undeliverable' THEN 'dead-lettered'
                  WHEN e.lease_token IS NOT NULL THEN 'leased again'
                  ELSE 'returned to the inbox' END));
     END IF;
