@@ -413,10 +413,21 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
         for chain, envelope_id, status, event in cur.fetchall():
             check.gap(chain, f"envelope {envelope_id} is {status} but the trail has no "
                               f"{event} entry for it (entries were removed)")
+        cur.execute(QUERIES["envelope_gaps"])
+        for chain, envelope_id, field, in_row, signed, entry in cur.fetchall():
+            check.gap(chain, f"envelope {envelope_id}: {field} is {_shown(in_row)} in its row "
+                             f"but {_shown(signed)} in {entry} (the row was edited or "
+                             f"entries were removed)")
         cur.execute(QUERIES["record_gaps"])
         for chain, row_id, state, entry in cur.fetchall():
             check.gap(chain, f"{row_id} is {state} but its last trail entry is not the "
                               f"{entry} (the row was edited or entries were removed)")
+
+
+def _shown(value: Any) -> str:
+    """A signed field's value for a failure message: JSON, cut short."""
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 __all__ = ["EnvelopeStore", "RejectionReason", "Status"]

@@ -87,6 +87,44 @@ SELECT x.chain, e.id, e.status, x.event
  ORDER BY e.seq
  LIMIT 100
 
+-- name: envelope_gaps
+-- Envelope rows that differ from what the trail signed for them (WACP §3, Integrity): each
+-- field of the row's state against its last lifecycle entry, each fixed field against its
+-- creation entry (sql/0017_envelope_rows.sql). A row edited outside the store's functions, or
+-- entries cut off the end of a chain, shows here, named by envelope and field. Entries written
+-- before 0017 carry no state and are not compared.
+SELECT coalesce(last.chain, born.chain), e.id, d.field, d.in_row, d.signed, d.entry
+  FROM agentpost.envelopes e
+ CROSS JOIN LATERAL (SELECT agentpost._envelope_row(e, true) AS now) cur
+  LEFT JOIN LATERAL (SELECT t.chain, t.chain_seq, t.record::jsonb -> 'body' -> 'row' AS row
+                       FROM agentpost.trail t
+                      WHERE t.envelope_id = e.id
+                        AND t.event IN ('envelope_created', 'envelope_rejected',
+                                        'envelope_delivered', 'envelope_delivery_failed',
+                                        'envelope_undeliverable', 'envelope_leased',
+                                        'lease_nacked', 'lease_expired', 'envelope_consumed')
+                      ORDER BY t.id DESC
+                      LIMIT 1) last ON true
+  LEFT JOIN LATERAL (SELECT t.chain, t.chain_seq, t.event,
+                            t.record::jsonb -> 'body' -> 'row' -> 'fixed' AS fixed
+                       FROM agentpost.trail t
+                      WHERE t.envelope_id = e.id
+                        AND t.event IN ('envelope_created', 'envelope_rejected')
+                      ORDER BY t.id
+                      LIMIT 1) born ON true
+ CROSS JOIN LATERAL (
+       SELECT k.key AS field, cur.now -> k.key AS in_row, k.value AS signed,
+              format('its last lifecycle entry (%s #%s)', last.chain, last.chain_seq) AS entry
+         FROM jsonb_each(last.row - 'fixed') k
+        WHERE cur.now -> k.key IS DISTINCT FROM k.value
+       UNION ALL
+       SELECT k.key, cur.now -> 'fixed' -> k.key, k.value,
+              format('its %s entry (%s #%s)', born.event, born.chain, born.chain_seq)
+         FROM jsonb_each(born.fixed) k
+        WHERE cur.now -> 'fixed' -> k.key IS DISTINCT FROM k.value) d
+ ORDER BY e.seq, d.field
+ LIMIT 100
+
 -- name: record_gaps
 -- Commands and routed envelopes whose row is not where their last trail entry left it: a row
 -- edited outside the store's functions, or the end cut off a chain. (The trail's hashes cover
