@@ -337,7 +337,12 @@ def test_forged_or_invalid_confirmations_change_nothing(store: EnvelopeStore,
         for eid in (good, envelope({"command_id": cid, "decision": "confirm"})):
             with pytest.raises(Conflict, match="already confirmed"):
                 ledger.confirm_from_envelope(eid)
-        assert store.verify_trail().ok
+        # The trail verifies but for the one row edited above to make a stale confirmation,
+        # which it names (WACP §3: rows are signed under the trail, sql/0017).
+        verification = store.verify_trail()
+        assert verification.failures == 1, verification
+        assert early.envelope_id in verification.failure, verification
+        assert "content_sha256" in verification.failure, verification
 
 
 def test_a_confirmation_before_it_was_requested_is_refused(store: EnvelopeStore,
