@@ -19,8 +19,10 @@
 -- writing, so the snapshot is the state that transaction commits, and entries of one envelope
 -- are in trail-id order of its changes. _submit_one writes its entry itself and so adds it too.
 
+-- (STABLE as its body is: an SQL function declared with a stricter volatility than its body
+-- is not inlined, and is then planned again in every transaction; see docs/design.md)
 CREATE FUNCTION agentpost._us(p_at timestamptz) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT (extract(epoch FROM p_at) * 1000000)::bigint;
 $$;
 
@@ -82,13 +84,15 @@ BEGIN
         PERFORM agentpost._lock_chains(p_chain);
     END IF;
     IF p_event && c_lifecycle THEN
-        SELECT array_agg(CASE WHEN e.id IS NULL THEN x.b
-                              ELSE x.b || jsonb_build_object('row', agentpost._envelope_row(
-                                                                 e, x.ev = ANY (c_birth)))
-                         END ORDER BY x.k)
+        -- (a look-up per entry by primary key: a join would let a generic plan scan the table)
+        SELECT array_agg(CASE WHEN x.ev = ANY (c_lifecycle)
+                              THEN x.b || coalesce(
+                                  (SELECT jsonb_build_object('row', agentpost._envelope_row(
+                                              e, x.ev = ANY (c_birth)))
+                                     FROM agentpost.envelopes e WHERE e.id = x.env), '{}')
+                              ELSE x.b END ORDER BY x.k)
           INTO p_body
-          FROM unnest(p_event, p_envelope, p_body) WITH ORDINALITY AS x(ev, env, b, k)
-          LEFT JOIN agentpost.envelopes e ON e.id = x.env AND x.ev = ANY (c_lifecycle);
+          FROM unnest(p_event, p_envelope, p_body) WITH ORDINALITY AS x(ev, env, b, k);
     END IF;
     SELECT array_agg(d.c), array_agg(coalesce(l.chain_seq, 0)), array_agg(l.hash),
            -- timestamps are monotonic within a chain even if the clock steps back
