@@ -12,12 +12,14 @@ lease, nack and expiry entries off the end of a chain.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentpost.protocol.models import Status
 from agentpost.store import EnvelopeStore
+from agentpost.store.migrations import load, migrate
 from dbtools import connect, rows
 from test_leases import SHORT_TTL, fill, send, topology, wait_past
 
@@ -189,3 +191,37 @@ def test_wacp_integrity_dead_letter_rows_are_signed(inbox: EnvelopeStore, pg: An
              " redeliveries = 0 WHERE id = %s", (eid,))
     result = inbox.verify_trail()
     assert not result.ok and eid in result.failure, result
+
+
+def test_wacp_integrity_a_store_upgraded_mid_life_verifies(empty_dsn: str,
+                                                            tmp_path: Path) -> None:
+    """A store migrated before rows were signed (entries without `row`) keeps verifying after
+    the upgrade: its old envelopes are compared from their first signed entry on, and an edit
+    after that is still named."""
+    older = tmp_path / "sql"
+    older.mkdir()
+    for migration in load():
+        if migration.version < 17:
+            (older / migration.name).write_text(migration.sql)
+    migrate(empty_dsn, source=older)
+    with EnvelopeStore(empty_dsn) as store:
+        topology(store)
+        old_acked, old_leased = fill(store, "w1", 2)
+        [lease] = store.lease("w1")
+        assert lease.envelope_id == old_acked
+        store.ack(lease.token)
+        [held] = store.lease("w1", ttl=60)
+    migrate(empty_dsn)
+    with EnvelopeStore(empty_dsn) as store:
+        store.nack(held.token)  # the first entry of old_leased that signs its row
+        fill(store, "w1", 1)
+        assert store.verify_trail().ok
+        rows_conn = connect(empty_dsn)
+        try:
+            rows(rows_conn, "UPDATE agentpost.envelopes SET redeliveries = 0 WHERE id = %s",
+                 (old_leased,))
+        finally:
+            rows_conn.close()
+        result = store.verify_trail()
+        assert not result.ok and old_leased in result.failure, result
+        assert "redeliveries" in result.failure
