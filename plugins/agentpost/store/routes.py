@@ -316,7 +316,8 @@ class RouteStore:
             failed = RoutedEnvelope(
                 id=view.id, parent_id=view.parent_id,
                 route=view.route.model_copy(update={"end": ERROR_END}),
-                headers=hop.headers, payload=json.loads(hop.content or "null"))
+                headers=hop.headers, payload=json.loads(hop.content or "null"),
+                fan_outs=hop.meta.get("asya", {}).get("fan_outs", 0))
             error = {"error": "timeout", "message": f"hop {hop.id} {hop.reason}"}
             by_actor.setdefault(view.route.actor, []).append((failed, error, None))
         for actor, moves in sorted(by_actor.items()):
@@ -345,7 +346,8 @@ class RouteStore:
              "content": json.dumps(envelope.payload, ensure_ascii=False), "format": "json",
              "envelope_id": wacp_id(envelope), "headers": dict(envelope.headers),
              "meta": {"asya": {"id": envelope.id, "parent_id": envelope.parent_id,
-                               "route": envelope.route.model_dump()}}},
+                               "route": envelope.route.model_dump(),
+                               "fan_outs": envelope.fan_outs}}},
             index=index, max_content_bytes=self.store.settings.max_content_bytes)
         if draft.problem is not None:
             raise InvalidInput(f"envelope {envelope.id!r} cannot travel: {draft.problem}")
@@ -418,7 +420,8 @@ def decode(lease: Lease) -> RoutedEnvelope:
         raise InvalidInput(f"envelope {env.id} is not a routed envelope")
     return parse_envelope({"id": asya.get("id"), "parent_id": asya.get("parent_id"),
                            "route": asya.get("route"), "headers": env.headers,
-                           "payload": json.loads(env.content or "null")})
+                           "payload": json.loads(env.content or "null"),
+                           "fan_outs": asya.get("fan_outs", 0)})
 
 
 __all__ = ["ACTOR_ROLE", "ENVELOPE_TYPE", "GATEWAY", "FamilyView", "Hop", "Outcome",
