@@ -1,17 +1,32 @@
 """Nested fan-outs (Asya §Fan-Out, "Fanout ID semantics"): a fan-out of a fan-out keeps
-every branch, whatever the order in which the branches complete."""
+every branch, whatever the order in which the branches complete, and a family is succeeded
+only once every member it ever had has ended (docs/asya.md, "Fan-out ids", "Families").
+The two orders of the review's example, the store's refusal of a colliding step, then random
+trees in random orders (hypothesis) and concurrent completers in several processes."""
 
 from __future__ import annotations
 
+import json
+import multiprocessing
+import os
+import random
+import time
+from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from agentpost.protocol.errors import Conflict, LeaseLost
+from agentpost.protocol.errors import AgentpostError, Conflict, LeaseLost
 from agentpost.protocol.routes import HAPPY_END, RouteStatus
 from agentpost.store import EnvelopeStore
 from agentpost.store.routes import Hop, RouteStore
+from agentpost.store.server import PostgresServer
+from conftest import create_database, drop_database, unique_db_name
+from dbtools import query
 
 ACTORS = ["a", "b", "c"]
 
@@ -135,3 +150,199 @@ def test_a_retried_fan_out_makes_no_second_children(routes: RouteStore) -> None:
             routes.complete(actor, again.lease, again.envelope, [{"p": 0}, {"p": 1}])
     assert _snapshot(routes) == before
     assert [m.id for m in routes.family("X").members] == ["X", "X-1", "X.1-1"]
+
+
+# -- random trees, random orders -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def routed_template(pg_server: PostgresServer, template_db: str) -> Iterator[str]:
+    """A migrated database with the actors set up, as the template of one database per
+    hypothesis example (no connection may stay open to it)."""
+    name = unique_db_name("routes")
+    dsn = create_database(pg_server.dsn, name, template=template_db)
+    try:
+        with EnvelopeStore(dsn) as store:
+            RouteStore(store).setup(ACTORS)
+        yield name
+    finally:
+        drop_database(pg_server.dsn, name)
+
+
+@contextmanager
+def _fresh(pg_server: PostgresServer, template: str) -> Iterator[RouteStore]:
+    name = unique_db_name("example")
+    dsn = create_database(pg_server.dsn, name, template=template)
+    try:
+        with EnvelopeStore(dsn) as store:
+            yield RouteStore(store)
+    finally:
+        drop_database(pg_server.dsn, name)
+
+
+def _items(path: str, width: int) -> Any:
+    """An actor's result for the item at `path`: `width` items (one: a plain payload)."""
+    items = [{"path": f"{path}.{j}"} for j in range(width)]
+    return items if width > 1 else items[0]
+
+
+class Tally:
+    """What a run made and what reached where: item paths per stage (0..2 the actors,
+    3 happy-end), and the members the family ever had."""
+
+    def __init__(self, root: str) -> None:
+        self.produced = [Counter([root]), Counter(), Counter(), Counter()]
+        self.handled = [Counter(), Counter(), Counter(), Counter()]
+        self.members = 1
+
+    def handle(self, stage: int, path: str, width: int) -> Any:
+        self.handled[stage][path] += 1
+        self.produced[stage + 1].update(f"{path}.{j}" for j in range(width))
+        self.members += width - 1
+        return _items(path, width)
+
+    @property
+    def ended(self) -> int:
+        return sum(self.produced[3].values())
+
+
+def _assert_conserved(rs: RouteStore, root: str, tally: Tally) -> None:
+    """Every item reached the next actor (and the last, and happy-end) exactly once; the
+    family has every member it ever had, each with its own id, all succeeded."""
+    for stage in range(1, 4):
+        assert tally.handled[stage] == tally.produced[stage], stage
+        assert set(tally.handled[stage].values()) <= {1}
+    fam = rs.family(root)
+    assert len(fam.members) == len({m.id for m in fam.members}) == tally.members
+    assert {m.status for m in fam.members} == {RouteStatus.SUCCEEDED}
+    assert (fam.status, fam.progress) == (RouteStatus.SUCCEEDED, 1)
+    assert rs.store.verify_trail().ok
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_random_fan_out_trees_in_random_orders_lose_nothing(
+        pg_server: PostgresServer, routed_template: str, data: st.DataObject) -> None:
+    """Asya §Fan-Out over random trees (each hop a payload or a fan-out of 2-3, at every
+    actor) completed in random orders, one hop or a batch of an actor's hops at a time:
+    every item reaches the next actor exactly once (the leaves the last actor, then
+    happy-end), the family's member count is 1 + the children its fan-outs named, and the
+    family is succeeded exactly when every one of them has ended."""
+    with _fresh(pg_server, routed_template) as rs:
+        tally = Tally("X")
+        rs.start({"id": "X", "route": {"actors": ACTORS}, "payload": {"path": "X"}})
+        pool: list[tuple[int, Hop]] = []
+        while True:
+            for stage, actor in enumerate([*ACTORS, HAPPY_END]):
+                pool += [(stage, h) for h in rs.receive(actor, max=50)]
+            if not pool:
+                break
+            stage, _ = pool[data.draw(st.integers(0, len(pool) - 1), label="next")]
+            batch = [p for p in pool if p[0] == stage]
+            if not data.draw(st.booleans(), label="batch"):
+                batch = batch[:1]
+            pool = [p for p in pool if p not in batch]
+            hops = [h for _, h in batch]
+            if stage == 3:
+                tally.handled[3].update(h.envelope.payload["path"] for h in hops)
+                rs.finish_many(hops)
+                continue
+            rs.complete_many(ACTORS[stage], [(h, tally.handle(
+                stage, h.envelope.payload["path"], data.draw(st.integers(1, 3), label="width")))
+                for h in hops])
+            fam = rs.family("X")
+            assert (fam.status is RouteStatus.SUCCEEDED) == (tally.ended == tally.members)
+        _assert_conserved(rs, "X", tally)
+
+
+# -- concurrent completers ------------------------------------------------------------------
+
+
+def _width(seed: int, stage: int, path: str) -> int:
+    """The fan-out width of the item at `path` at `stage`: the same in every process."""
+    return random.Random(f"{seed}:{stage}:{path}").randint(1, 3)
+
+
+def _completer(dsn: str, trail_key: str, seed: int, stop: Any, errors: Any) -> None:
+    """A runtime in a process of its own: leases 1-3 hops of a random actor (or of
+    happy-end) and completes them one by one or as one batch, until stopped. Reports every
+    error (none is expected: leases outlive the test)."""
+    rng = random.Random(f"{seed}:{os.getpid()}")
+    with EnvelopeStore(dsn, trail_key=trail_key, ack_timeout=5.0) as store:
+        rs = RouteStore(store)
+        while not stop.is_set():
+            stage = rng.randrange(4)
+            try:
+                hops = rs.receive([*ACTORS, HAPPY_END][stage], max=rng.randint(1, 3))
+                if stage == 3 or not hops:
+                    rs.finish_many(hops)
+                    time.sleep(0 if hops else 0.005)
+                    continue
+                outcomes = [(h, _items(h.envelope.payload["path"], _width(
+                    seed, stage, h.envelope.payload["path"]))) for h in hops]
+                if rng.random() < 0.5:
+                    rs.complete_many(ACTORS[stage], outcomes)
+                else:
+                    for outcome in outcomes:
+                        rs.complete_many(ACTORS[stage], [outcome])
+            except AgentpostError as exc:
+                errors.put(f"{type(exc).__name__}: {exc}")
+
+
+def _expected(seed: int, root: str) -> Tally:
+    """The tally the tree of `root` must come to (widths by `_width`)."""
+    tally = Tally(root)
+    for stage in range(3):
+        for path in sorted(tally.produced[stage]):
+            tally.handle(stage, path, _width(seed, stage, path))
+    return tally
+
+
+def _paths(dsn: str, recipient: str) -> Counter[str]:
+    return Counter(json.loads(c)["path"] for (c,) in query(
+        dsn, "SELECT content FROM agentpost.envelopes WHERE recipient = %s", (recipient,)))
+
+
+@pytest.mark.parametrize("seed, processes", [(1, 2), (2, 3), (3, 4)])
+def test_concurrent_completers_lose_no_branch(dsn: str, store: EnvelopeStore, seed: int,
+                                              processes: int) -> None:
+    """Asya §Fan-Out with concurrent completers: 2-4 runtimes in processes of their own
+    complete the hops of three random fan-out trees in whatever order they lease them.
+    Every item reaches each next actor exactly once, every leaf happy-end once, each family
+    has every member it ever had, all succeeded; the trail verifies."""
+    rs = RouteStore(store)
+    rs.setup(ACTORS)
+    roots = [f"t{seed}-{i}" for i in range(3)]
+    rs.start_many([{"id": r, "route": {"actors": ACTORS}, "payload": {"path": r}}
+                   for r in roots])
+    tallies = {r: _expected(seed, r) for r in roots}
+    leaves = sum(t.ended for t in tallies.values())
+    ctx = multiprocessing.get_context("spawn")
+    stop, errors = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_completer, daemon=True, args=(
+        dsn, os.environ["AGENTPOST_TRAIL_KEY"], seed, stop, errors)) for _ in range(processes)]
+    try:
+        for proc in procs:
+            proc.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and errors.empty() and query(
+                dsn, "SELECT count(*) FROM agentpost.envelopes WHERE recipient = 'happy-end'"
+                     " AND consumed_at IS NOT NULL")[0][0] < leaves:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for proc in procs:
+            proc.join(15)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+    found = []
+    while not errors.empty():
+        found.append(errors.get())
+    assert found == []
+    for stage, actor in enumerate([*ACTORS, HAPPY_END][1:], start=1):
+        assert _paths(dsn, actor) == sum((t.produced[stage] for t in tallies.values()),
+                                         Counter()), actor
+    for root, tally in tallies.items():
+        tally.handled = tally.produced  # (what reached each actor is checked above)
+        _assert_conserved(rs, root, tally)
