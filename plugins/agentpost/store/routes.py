@@ -7,8 +7,9 @@ workspaces, each hop is one transaction, and where every envelope stands lives i
   every actor a send right to every actor, itself included, since routes are decided at run
   time).
 - **A hop is one WACP envelope** of type `ENVELOPE_TYPE`, ``format="json"``, content = the
-  Asya payload, headers = the Asya headers, ``meta["asya"]`` = ``{id, parent_id, route}``.
-  Its WACP id is `wacp_id` (``asya:{id}:{current}``, ``:{end}`` appended at an end actor).
+  Asya payload, headers = the Asya headers,
+  ``meta["asya"]`` = ``{id, parent_id, route, fan_outs}``. Its WACP id is `wacp_id`
+  (``asya:{id}:{current}``, ``:{end}`` appended at an end actor).
 - **Handling a hop is one transaction** (``agentpost.route_step``): the lease is acked, the
   envelopes the result routes on are accepted, and the status rows are recorded with their
   ``route_progress`` trail entries together; a crash leaves all of it or none of it. Leasing
