@@ -392,6 +392,12 @@ def test_a_later_fan_out_of_an_id_is_named_apart() -> None:
     assert [e.id for e in step(again[0], [{}, {}]).envelopes] == ["X", "X.2-1"]
     assert [e.id for e in step(x1, [{}, {}]).envelopes] == ["X-1", "X-1-1"]
     assert step(x1, [{}]).envelopes[0].fan_outs == 0  # one item is an advance: no ids named
+    from agentpost.protocol.routes import MAX_ID
+
+    long = RoutedEnvelope(id="x" * (MAX_ID - 3), route=Route(actors=("a", "b")), payload={})
+    assert step(long, [{}, {}]).kind is StepKind.FAN_OUT  # x…x-1 fits
+    later = step(long.model_copy(update={"fan_outs": 1}), [{}, {}])
+    assert later.error is not None and later.error.error == "invalid_result"  # x…x.1-1 not
 
 
 @st.composite
