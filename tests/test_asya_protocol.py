@@ -377,3 +377,59 @@ def test_fan_out_child_ids_must_fit_a_hop_id() -> None:
     assert step(env, [{"k": 0}]).kind is StepKind.ADVANCE  # child 0 keeps the id
     with pytest.raises(InvalidRoute):
         parse_envelope({"id": "x" * (MAX_ID + 1), "route": {"actors": ["a"]}, "payload": {}})
+
+
+def test_a_later_fan_out_of_an_id_is_named_apart() -> None:
+    """Asya §Fan-Out, "Fanout ID semantics", nested: child 0 keeps the id, so an id can fan
+    out again at a later actor; its children there are ``{id}.{k}-{i}`` (k: the fan-outs the
+    id made before), not a second ``{id}-{i}``. A child's own first fan-out keeps the spec's
+    ``{id}-{i}``."""
+    env = parse_envelope({"id": "X", "route": {"actors": ["a", "b", "c", "d"]}, "payload": {}})
+    x, x1 = step(env, [{"p": 0}, {"p": 1}]).envelopes
+    again = step(x, [{"q": 0}, {"q": 1}, {"q": 2}]).envelopes
+    assert [(e.id, e.parent_id, e.fan_outs) for e in again] == [
+        ("X", None, 2), ("X.1-1", "X", 0), ("X.1-2", "X", 0)]
+    assert [e.id for e in step(again[0], [{}, {}]).envelopes] == ["X", "X.2-1"]
+    assert [e.id for e in step(x1, [{}, {}]).envelopes] == ["X-1", "X-1-1"]
+    assert step(x1, [{}]).envelopes[0].fan_outs == 0  # one item is an advance: no ids named
+    from agentpost.protocol.routes import MAX_ID
+
+    long = RoutedEnvelope(id="x" * (MAX_ID - 3), route=Route(actors=("a", "b")), payload={})
+    assert step(long, [{}, {}]).kind is StepKind.FAN_OUT  # x…x-1 fits
+    later = step(long.model_copy(update={"fan_outs": 1}), [{}, {}])
+    assert later.error is not None and later.error.error == "invalid_result"  # x…x.1-1 not
+
+
+@st.composite
+def fan_out_trees(draw: Any) -> tuple[RoutedEnvelope, list[RoutedEnvelope],
+                                       list[RoutedEnvelope]]:
+    """A random fan-out tree: a route of 2-4 actors, each hop returning a payload, a fan-out
+    of 2-3 items, or nothing. Returns the root, the envelopes the fan-outs named (children
+    ``i >= 1``) and the latest state of every member."""
+    actors = [f"s{i}" for i in range(draw(st.integers(2, 4)))]
+    root = parse_envelope({"id": draw(st.sampled_from(["X", "X-1", "a.1-1"])),
+                           "route": {"actors": actors}, "payload": {}})
+    named, latest, todo = [], {root.id: root}, [root]
+    while todo:
+        env = todo.pop(draw(st.integers(0, len(todo) - 1)))
+        first, *rest = step(env, draw(st.sampled_from([{}, [{}, {}], [{}, {}, {}], None])))\
+            .envelopes
+        named.extend(rest)
+        for child in (first, *rest):
+            latest[child.id] = child
+            if not child.route.ended:
+                todo.append(child)
+    return root, named, list(latest.values())
+
+
+@given(fan_out_trees())
+def test_fan_out_ids_are_unique_in_a_family(
+        tree: tuple[RoutedEnvelope, list[RoutedEnvelope], list[RoutedEnvelope]]) -> None:
+    """Asya §Envelope Structure, "id: Unique envelope identifier", under nested fan-outs, in
+    any order of the hops: every id a fan-out names is new (no two members of a family share
+    one), and the family found through parent_id is every member."""
+    root, named, members = tree
+    ids = [root.id, *(e.id for e in named)]
+    assert len(set(ids)) == len(ids)
+    assert len(members) == len(ids)
+    assert {m.id for m in family(root.id, _members(members))} == set(ids)

@@ -6,7 +6,8 @@ one. An actor's *result* decides what happens next (`step`):
 - one payload (a JSON object, or any non-list JSON value) advances the route by one; past the
   last actor the envelope goes to ``happy-end`` (the index then equals ``len(actors)``);
 - a non-empty list fans out: one envelope per item, all advanced. Child 0 keeps the id (and
-  its own ``parent_id``), child ``i >= 1`` gets the id ``{id}-{i}`` and ``parent_id = id``;
+  its own ``parent_id``), child ``i >= 1`` gets the id ``{id}-{i}`` and ``parent_id = id``
+  (`fan_out_id`: from the second fan-out of the same id on, ``{id}.{k}-{i}``);
 - ``None`` or ``[]`` ends the route at ``happy-end`` without advancing the index;
 - an error object (`ActorError`, or a JSON object ``{"error": str, "message"?: str,
   "details"?: any}`` and nothing else) ends it at ``error-end``, keeping the index.
@@ -36,6 +37,14 @@ Decisions where the spec leaves room (docs/asya.md lists them all, with the stor
   first actor with no report to tell pending from running). **Progress** is the share of the
   route's actors completed: ``current / n``, ``(current + 1) / n`` once the current actor
   reported ``completed``, 1 at ``happy-end`` (an empty response finishes the pipeline).
+- **Fan-out ids are unique in a family.** The spec's ``{id}-{i}`` collides when the same id
+  fans out twice (child 0 keeps the id, so ``X`` fanning out at two actors would name two
+  children ``X-1``). An envelope counts the fan-outs its id made (`RoutedEnvelope.fan_outs`,
+  carried along by child 0): the first names its children ``{id}-{i}`` as the spec says, the
+  k-th after it ``{id}.{k}-{i}``. A member's id is its root's id plus a suffix of ``-{i}`` and
+  ``.{k}-{i}`` steps that reads back one way only, and each (id, k, i) is named once (one
+  envelope's fan-outs happen one after the other), so no two members of a family share an id,
+  whatever the order in which branches complete; the ids depend on the tree alone.
 - **Families.** A fan-out family is an envelope and every envelope descending from it through
   ``parent_id`` (the first child *is* the parent, continuing). A family's progress is the
   mean of its members'; its status is ``failed`` if any member failed and all have ended,
@@ -159,6 +168,9 @@ class RoutedEnvelope(_Frozen):
     route: Route
     headers: dict[str, Header] = Field(default_factory=dict)
     payload: JsonValue
+    #: how many fan-outs this id made so far (runtime bookkeeping, not in Asya's shape): it
+    #: names the children of the next one (`fan_out_id`)
+    fan_outs: int = Field(default=0, ge=0)
 
 
 class ActorError(_Frozen):
@@ -274,13 +286,22 @@ def _ended(envelope: RoutedEnvelope, end: str) -> RoutedEnvelope:
     return envelope.model_copy(update={"route": route})
 
 
-def _child(envelope: RoutedEnvelope, index: int, route: Route,
-           payload: JsonValue) -> RoutedEnvelope:
+def fan_out_id(envelope_id: str, fan_outs: int, index: int) -> str:
+    """The id of child `index` (>= 1) of the fan-out of `envelope_id` that follows its
+    `fan_outs` earlier ones: the spec's ``{id}-{index}`` for the first, ``{id}.{k}-{index}``
+    for the k-th after it (the spec's id is taken by then: every fan-out names a child 1)."""
+    return f"{envelope_id}-{index}" if fan_outs == 0 else f"{envelope_id}.{fan_outs}-{index}"
+
+
+def _child(envelope: RoutedEnvelope, index: int, route: Route, payload: JsonValue, *,
+           fanned: bool = False) -> RoutedEnvelope:
+    """Child `index` of `envelope`'s step; `fanned`: the step is a fan-out (it named ids)."""
     if index == 0:
-        return envelope.model_copy(update={"route": route, "payload": payload})
-    return envelope.model_copy(update={"id": f"{envelope.id}-{index}",
-                                       "parent_id": envelope.id,
-                                       "route": route, "payload": payload})
+        return envelope.model_copy(update={"route": route, "payload": payload,
+                                           "fan_outs": envelope.fan_outs + int(fanned)})
+    return envelope.model_copy(update={
+        "id": fan_out_id(envelope.id, envelope.fan_outs, index), "parent_id": envelope.id,
+        "route": route, "payload": payload, "fan_outs": 0})
 
 
 def _error_step(envelope: RoutedEnvelope, error: ActorError) -> Step:
@@ -296,15 +317,17 @@ def _fan_out(envelope: RoutedEnvelope, items: list[Any]) -> Step:
     for item in items:
         if item is None or isinstance(item, list) or as_error(item) is not None:
             return _invalid_result(envelope, "a fan-out item must be a payload")
-    if len(items) > 1 and len(f"{envelope.id}-{len(items) - 1}") > MAX_ID:
+    fanned = len(items) > 1
+    if fanned and len(fan_out_id(envelope.id, envelope.fan_outs, len(items) - 1)) > MAX_ID:
         return _invalid_result(envelope, f"fan-out child ids would exceed {MAX_ID} characters")
     try:
         payloads = [enrich(envelope.payload, item) for item in items]
     except InvalidInput as exc:
         return _invalid_result(envelope, str(exc))
     route = _forward(envelope.route)
-    children = tuple(_child(envelope, i, route, p) for i, p in enumerate(payloads))
-    kind = StepKind.FAN_OUT if len(children) > 1 else StepKind.ADVANCE
+    children = tuple(_child(envelope, i, route, p, fanned=fanned)
+                     for i, p in enumerate(payloads))
+    kind = StepKind.FAN_OUT if fanned else StepKind.ADVANCE
     return Step(kind=kind, envelopes=children)
 
 

@@ -7,8 +7,9 @@ workspaces, each hop is one transaction, and where every envelope stands lives i
   every actor a send right to every actor, itself included, since routes are decided at run
   time).
 - **A hop is one WACP envelope** of type `ENVELOPE_TYPE`, ``format="json"``, content = the
-  Asya payload, headers = the Asya headers, ``meta["asya"]`` = ``{id, parent_id, route}``.
-  Its WACP id is `wacp_id` (``asya:{id}:{current}``, ``:{end}`` appended at an end actor).
+  Asya payload, headers = the Asya headers,
+  ``meta["asya"]`` = ``{id, parent_id, route, fan_outs}``. Its WACP id is `wacp_id`
+  (``asya:{id}:{current}``, ``:{end}`` appended at an end actor).
 - **Handling a hop is one transaction** (``agentpost.route_step``): the lease is acked, the
   envelopes the result routes on are accepted, and the status rows are recorded with their
   ``route_progress`` trail entries together; a crash leaves all of it or none of it. Leasing
@@ -316,7 +317,8 @@ class RouteStore:
             failed = RoutedEnvelope(
                 id=view.id, parent_id=view.parent_id,
                 route=view.route.model_copy(update={"end": ERROR_END}),
-                headers=hop.headers, payload=json.loads(hop.content or "null"))
+                headers=hop.headers, payload=json.loads(hop.content or "null"),
+                fan_outs=hop.meta.get("asya", {}).get("fan_outs", 0))
             error = {"error": "timeout", "message": f"hop {hop.id} {hop.reason}"}
             by_actor.setdefault(view.route.actor, []).append((failed, error, None))
         for actor, moves in sorted(by_actor.items()):
@@ -345,7 +347,8 @@ class RouteStore:
              "content": json.dumps(envelope.payload, ensure_ascii=False), "format": "json",
              "envelope_id": wacp_id(envelope), "headers": dict(envelope.headers),
              "meta": {"asya": {"id": envelope.id, "parent_id": envelope.parent_id,
-                               "route": envelope.route.model_dump()}}},
+                               "route": envelope.route.model_dump(),
+                               "fan_outs": envelope.fan_outs}}},
             index=index, max_content_bytes=self.store.settings.max_content_bytes)
         if draft.problem is not None:
             raise InvalidInput(f"envelope {envelope.id!r} cannot travel: {draft.problem}")
@@ -418,7 +421,8 @@ def decode(lease: Lease) -> RoutedEnvelope:
         raise InvalidInput(f"envelope {env.id} is not a routed envelope")
     return parse_envelope({"id": asya.get("id"), "parent_id": asya.get("parent_id"),
                            "route": asya.get("route"), "headers": env.headers,
-                           "payload": json.loads(env.content or "null")})
+                           "payload": json.loads(env.content or "null"),
+                           "fan_outs": asya.get("fan_outs", 0)})
 
 
 __all__ = ["ACTOR_ROLE", "ENVELOPE_TYPE", "GATEWAY", "FamilyView", "Hop", "Outcome",
