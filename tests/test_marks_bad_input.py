@@ -383,3 +383,43 @@ def test_bad_guard_calls_store_nothing(new_space) -> None:
         denied = guard.pre_action(WRITER, "cal", "r", verb, 0.5)
         assert denied.verdict is Verdict.DENIED and verb in denied.reason
         assert observable(space) == before
+
+
+def test_bad_boundaries_are_refused_and_keep_the_last_verdicts(new_space) -> None:
+    """record_verdicts (the space's half of §6.2.1 phase 3) refuses a boundary that breaks
+    P17 (two ALLOWs), gives an agent two verdicts, is about another resource, names no intent
+    of that agent there, or is not made of DeferredVerdicts: InvalidArgument, and the verdicts
+    of the last good boundary stay as they were."""
+    from agentpost.marks.core import DeferredVerdict
+
+    space = new_space([Scope(name="lot", deferred=True)], clock=T0)
+    drivers = [Agent(name=f"d{k}", scopes={"lot": ["intent"]}) for k in range(2)]
+    intents = [space.write(d, Intent(scope="lot", resource="p1", action="park"))
+               for d in drivers]
+    elsewhere = space.write(drivers[0], Intent(scope="lot", resource="p2", action="park"))
+
+    def verdict(k: int, allowed: bool, **changes: Any) -> DeferredVerdict:
+        fields = {"scope": "lot", "resource": "p1", "agent_id": drivers[k].id,
+                  "intent_id": intents[k], "allowed": allowed, **changes}
+        return DeferredVerdict(**fields)
+
+    first = space.record_verdicts("lot", "p1", [verdict(0, True), verdict(1, False)])
+    kept = [space.deferred_verdict("lot", "p1", d.id) for d in drivers]
+    assert kept[0].allowed and kept[0].boundary == first and not kept[1].allowed
+    for bad in (
+        [verdict(0, True), verdict(1, True)],
+        [verdict(0, True), verdict(0, False)],
+        [verdict(0, True, resource="p2")],
+        [verdict(0, True, intent_id=elsewhere)],
+        [verdict(0, True, intent_id=uuid.uuid4())],
+        [verdict(1, True, intent_id=intents[0])],
+        [verdict(1, True), verdict(0, False, intent_id=uuid.uuid4())],
+        [{"agent_id": str(drivers[0].id), "allowed": True}],
+    ):
+        with pytest.raises(InvalidArgument):
+            space.record_verdicts("lot", "p1", bad)
+        assert [space.deferred_verdict("lot", "p1", d.id) for d in drivers] == kept
+    with pytest.raises(UnknownScope):
+        space.record_verdicts("nowhere", "p1", [])
+    assert space.record_verdicts("lot", "p1", []) > first
+    assert [space.deferred_verdict("lot", "p1", d.id) for d in drivers] == [None, None]

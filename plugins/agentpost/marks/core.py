@@ -576,6 +576,35 @@ class NeedCluster(BaseModel):
     contexts: tuple[JsonObject, ...]
 
 
+# --------------------------------------------------------------------------- deferred verdicts
+
+
+class DeferredVerdict(BaseModel):
+    """One agent's verdict at a resolution boundary on (scope, resource) (§6.2.1 phase 3),
+    as the space keeps it, so that every process and every Guard over the space sees the
+    same verdicts (P12, P16, P17).
+
+    A verdict is about one intent (``intent_id``, the agent's latest active intent at the
+    boundary). It is replaced, with every other verdict on (scope, resource), by the next
+    boundary there (``boundary`` grows); an ALLOW is used once (``consumed_by``: the action
+    that used it); and it ends with its intent's TTL (``expires_at``), after which the space
+    no longer returns it. ``winner_id`` is the intent that won (None: no winner, YIELD_ALL).
+    The space assigns ``boundary``, ``decided_at`` and ``expires_at``."""
+
+    model_config = _FROZEN
+
+    scope: ScopeName
+    resource: Name
+    agent_id: UUID
+    intent_id: UUID
+    allowed: bool
+    winner_id: UUID | None = None
+    boundary: int = 0
+    decided_at: float | None = None
+    expires_at: float | None = None
+    consumed_by: UUID | None = None
+
+
 # --------------------------------------------------------------------------- write checks
 
 

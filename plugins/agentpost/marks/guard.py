@@ -84,6 +84,7 @@ from agentpost.marks.core import (
     Action,
     Agent,
     ConflictPolicy,
+    DeferredVerdict,
     Intent,
     InvalidArgument,
     InvalidMark,
@@ -294,8 +295,6 @@ class Guard:
         self._system_grants: dict[str, tuple[MarkType, ...]] = {}
         self._system: Agent = system_agent or Agent(id=SYSTEM_AGENT_ID, name=SYSTEM_AGENT_NAME)
         self._lock = threading.RLock()
-        #: deferred (scope, resource) -> the intent that won the latest boundary here
-        self._grants: dict[tuple[str, str], UUID] = {}
         if envelope is not None:
             envelope.exempt(self._system.id)
 
@@ -456,19 +455,25 @@ class Guard:
         return intent.model_copy(update={"id": mark_id, "agent_id": agent.id})
 
     def _advisory(self, agent: Agent, held: Intent, board: _Board) -> GuardDecision:
-        """Deferred scope: phase 1 collects the intent and the verdict waits (§6.2.3); the
-        winner of the latest boundary, while its winning intent is active, is allowed
-        (phase 3), so its `execute` can proceed."""
+        """Deferred scope: phase 1 collects the intent and the verdict waits (§6.2.3). Once
+        a boundary has decided about this very intent, its stored verdict answers (phase
+        3), whichever process or Guard ran the boundary: the winner's unused ALLOW lets its
+        `execute` proceed; a loser learns who won while that intent is active."""
         others = board.others(agent.id)
-        with self._lock:
-            granted = self._grants.get((held.scope, held.resource))
-        if granted is not None and granted == held.id:
-            return GuardDecision(
-                verdict=Verdict.ALLOW,
-                reason=f"won {held.resource!r} at the latest resolution boundary",
-                intent_id=held.id,
-                conflicting_intents=tuple(others),
-            )
+        verdict = self.space.deferred_verdict(held.scope, held.resource, agent.id)
+        if verdict is not None and verdict.intent_id == held.id:
+            if verdict.allowed and verdict.consumed_by is None:
+                return GuardDecision(
+                    verdict=Verdict.ALLOW,
+                    reason=(
+                        f"won {held.resource!r} at resolution boundary {verdict.boundary}"
+                    ),
+                    intent_id=held.id,
+                    conflicting_intents=tuple(others),
+                )
+            winner = next((i for i in board.intents if i.id == verdict.winner_id), None)
+            if not verdict.allowed and (winner is not None or verdict.winner_id is None):
+                return self._lost(held, verdict, winner, others)
         return GuardDecision(
             verdict=Verdict.BLOCKED,
             reason=(
@@ -477,6 +482,32 @@ class Guard:
             ),
             intent_id=held.id,
             conflicting_intents=tuple(others),
+            check=GuardCheck.DEFERRED,
+        )
+
+    def _lost(
+        self,
+        held: Intent,
+        verdict: DeferredVerdict,
+        winner: Intent | None,
+        others: tuple[Intent, ...],
+    ) -> GuardDecision:
+        """BLOCKED by the latest boundary (§6.2.1 phase 3 step 4), with its winner (P38);
+        no winner: YIELD_ALL left it to the principal, or an action held the resource."""
+        outcome = (
+            f"lost to agent {winner.agent_id}"
+            if winner is not None
+            else "no agent was allowed (the principal decides, or an action holds it)"
+        )
+        return GuardDecision(
+            verdict=Verdict.BLOCKED,
+            reason=(
+                f"{held.resource!r} in scope {held.scope!r}: {outcome} at resolution "
+                f"boundary {verdict.boundary}; a new intent waits for the next boundary"
+            ),
+            intent_id=held.id,
+            winning_intent=winner,
+            conflicting_intents=others,
             check=GuardCheck.DEFERRED,
         )
 
@@ -569,7 +600,7 @@ class Guard:
             board = self._board(scope, resource)
             decisions = self._batch(scope_def, board)
             intents = board.intents
-            self._remember_grant(scope, resource, decisions)
+            self.space.record_verdicts(scope, resource, _verdicts(scope, resource, decisions))
         self.emitter.event(
             EVENT_RESOLVE_DEFERRED,
             scope=scope,
@@ -578,16 +609,6 @@ class Guard:
             verdicts={str(a): d.verdict for a, d in decisions.items()},
         )
         return decisions
-
-    def _remember_grant(
-        self, scope: str, resource: str, decisions: Mapping[UUID, GuardDecision]
-    ) -> None:
-        winners = [d.intent_id for d in decisions.values() if d.allowed and d.intent_id]
-        with self._lock:
-            if winners:
-                self._grants[(scope, resource)] = winners[0]
-            else:
-                self._grants.pop((scope, resource), None)
 
     def resolve_all_deferred(self) -> dict[tuple[str, str], dict[UUID, Verdict]]:
         """A boundary for every deferred (scope, resource) with active intents, e.g. at the end
@@ -728,6 +749,8 @@ class Guard:
             supersedes=supersedes,
         )
         mark_id = self.space.write(agent, mark)
+        if resource is not None and self.space.get_scope(scope).deferred:
+            self.space.consume_grant(scope, resource, agent.id, mark_id)
         self._after_fact(agent, scope, MarkType.ACTION)
         if earlier is not None:
             self._warn_superseded(earlier, mark_id, agent)
@@ -1368,6 +1391,26 @@ def _agents_in_order(intents: list[Intent]) -> list[UUID]:
         if intent.agent_id is not None:
             seen.setdefault(intent.agent_id, None)
     return list(seen)
+
+
+def _verdicts(
+    scope: str, resource: str, decisions: Mapping[UUID, GuardDecision]
+) -> list[DeferredVerdict]:
+    """A boundary's decisions as the verdicts the space keeps (one per agent, each about
+    the intent its decision names)."""
+    winner = next((d.intent_id for d in decisions.values() if d.allowed), None)
+    return [
+        DeferredVerdict(
+            scope=scope,
+            resource=resource,
+            agent_id=agent_id,
+            intent_id=decision.intent_id,
+            allowed=decision.allowed,
+            winner_id=winner,
+        )
+        for agent_id, decision in decisions.items()
+        if decision.intent_id is not None
+    ]
 
 
 def _same_request(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
