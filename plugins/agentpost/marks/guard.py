@@ -9,9 +9,9 @@ rate limit, envelope). The optional defence layers plug in here: the statistical
 limits (`rate_limit.py`) and telemetry (`telemetry.py`).
 
 The guard talks to the space only through the interface both backends share (`write`, `read`,
-`get`, `lock`, `now`, `get_scope`, `active_marks`), and serializes every decision on a
-(scope, resource) with `space.lock(scope, resource)`: a per-key lock in memory, a
-transaction-scoped advisory lock on Postgres, so decisions are serialized across processes.
+`get`, `lock`, `now`, `get_scope`, `active_marks`, the deferred verdicts), and serializes every
+decision on a (scope, resource) with `space.lock(scope, resource)`: a per-key lock in memory,
+a transaction-scoped advisory lock on Postgres, so decisions are serialized across processes.
 
 Readings chosen where the spec leaves room (docs/design.md repeats them):
 
@@ -38,11 +38,13 @@ Readings chosen where the spec leaves room (docs/design.md repeats them):
   `resolve_deferred` is the boundary. It compares every active intent (P14, P18) under the
   scope's policy and gives exactly one agent ALLOW (P17) unless the policy is YIELD_ALL with
   several agents (all BLOCKED, Needs filed) or another agent's action already claims the
-  resource (P39: only that agent may be allowed). The guard remembers the winning intent of
-  the latest boundary per (scope, resource): while that intent is active, the winner's
-  `pre_action` / `execute` is ALLOWed (phase 3), everyone else's stays BLOCKED. The grant is
-  kept by the guard object that ran the boundary (in its process); elsewhere the harness
-  delivers the verdict and the winner records its result with `post_action`.
+  resource (P39: only that agent may be allowed). The verdicts are kept by the space
+  (`space.record_verdicts`, in the boundary's lock), not by this object, so every Guard in
+  every process answers from them: each is about the agent's intent at the boundary; the
+  next boundary on (scope, resource) replaces them; the winner's `pre_action` / `execute`
+  with that same intent is ALLOWed until its action consumes the grant (`post_action`, in the
+  same lock); a loser is BLOCKED with the winning intent; all of it ends with the intent's
+  TTL. A new intent (another verb or confidence) waits for the next boundary.
   `resolve_all_deferred` is a boundary for every pending deferred resource (P16).
 - Mutual exclusion: `execute` holds ``space.lock(scope, resource)`` from the check through
   the tool call to the action mark, so the next agent finds the committed action (P39). A bare

@@ -44,6 +44,10 @@ Why it is built this way:
   a poll deletes what it returns, so a mark is handed out once (P51), in write order (P52),
   also to pollers in several processes. Write hooks are process-local: they fire in the
   process that wrote, for writes made through the object they were added to.
+- **Deferred verdicts are rows** (`agentpost.mark_verdicts`, `sql/0014_deferred_grants.sql`):
+  a resolution boundary replaces the verdicts of its (scope, resource) in one statement,
+  inside the guard's lock() transaction, so a boundary run by one process is what every
+  other process's Guard answers from (docs/marks.md has the contract).
 - Database errors never leak: they come out as agentpost's typed errors
   (`agentpost.store.db.translate`): no schema is a ConfigurationError, no server
   StoreUnavailable, anything else StoreError.

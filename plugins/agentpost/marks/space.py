@@ -36,6 +36,10 @@ Readings chosen where the spec leaves room (also in docs/design.md):
 - `lock(scope, resource)` is a re-entrant lock per key; two different keys never wait on
   each other. A write made inside it is not undone if the block raises (the Postgres backend
   rolls back its transaction instead).
+- Deferred verdicts (§6.2.1 phase 3) are kept by the space, not by a Guard: every Guard over
+  one `MarkSpace` object answers from the same verdicts (`record_verdicts`,
+  `deferred_verdict`, `consume_grant`); the Postgres backend keeps them in a table, for
+  every process.
 - Extras beyond the spec: `write_many` (all or nothing), `all_marks`, `registered_scopes`,
   `__len__`.
 """
