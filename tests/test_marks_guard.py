@@ -306,6 +306,22 @@ def test_execute_records_a_raising_tool_as_a_failed_action_that_claims_nothing(m
     assert decision.allowed
 
 
+def test_execute_records_a_tool_result_too_large_for_the_space_as_a_summary(make_space):
+    """P39 with the content bound (docs/marks.md): the tool has run, so its action is
+    recorded and holds the resource even when the result is larger than the space's
+    ``max_content_bytes``: the mark keeps a summary of it, execute returns it whole."""
+    space = make_space([scope()], max_content_bytes=1024)
+    guard = Guard(space)
+    me, other = agent("me"), agent("other")
+    big = {"rows": "x" * 5000}
+    decision, result = guard.execute(me, "calendar", "r", "book", "booked", Tool(big))
+    assert decision.allowed and result == big
+    [action] = actions_on(space, "calendar", "r")
+    assert action.agent_id == me.id
+    assert action.result == {"oversize": True, "bytes": 5011, "limit": 1024}
+    assert guard.pre_action(other, "calendar", "r", "book").verdict is Verdict.CONFLICT
+
+
 @pytest.mark.parametrize(
     ("value", "stored"),
     [

@@ -55,7 +55,9 @@ Readings chosen where the spec leaves room (docs/design.md repeats them):
   intent on the resource). When another agent's active action is already on the resource (a
   race, §6.3) the new action supersedes *that* action instead, and the guard warns its agent
   with a warning that `invalidates` the superseded action.
-- `execute` records a raising tool as a failed action (which claims nothing) and re-raises.
+- `execute` records a raising tool as a failed action (which claims nothing) and re-raises;
+  a result larger than the space's content bound is recorded as its size
+  (``{"oversize": true, "bytes": n, "limit": m}``), since the action must be stored.
 - The guard's own marks (Needs for the principal, warnings) are written by a system agent with
   a fixed id (`SYSTEM_AGENT_ID`), allowed warnings and needs in every scope the guard touches;
   the system agent is exempt from the envelope and from rate limits. Its writes are best
@@ -98,6 +100,7 @@ from agentpost.marks.core import (
     Severity,
     Warning,
     freeze_json,
+    json_bytes,
     winning_intent,
 )
 from agentpost.marks.envelope import EnvelopeVerdict, Finding, StatisticalEnvelope
@@ -867,7 +870,8 @@ class Guard:
         """The action mark of a tool call: its result, or a failed action if it raised."""
         if error is None:
             return self.post_action(
-                agent, scope, resource, result_action, as_result(result), decision.intent_id
+                agent, scope, resource, result_action, self._fit(as_result(result)),
+                decision.intent_id,
             )
         return self.post_action(
             agent,
@@ -878,6 +882,14 @@ class Guard:
             intent_id=decision.intent_id,
             failed=True,
         )
+
+    def _fit(self, result: dict[str, Any]) -> dict[str, Any]:
+        """A tool's result as its action mark can hold it: a result larger than the space's
+        content bound is replaced by its size (the tool has run, and the action that records
+        it must be stored to hold the resource, P39; the caller still gets the result)."""
+        limit = self.space.max_content_bytes
+        size = json_bytes(result)
+        return result if size <= limit else {"oversize": True, "bytes": size, "limit": limit}
 
     # ------------------------------------------------------------------ write_mark
 

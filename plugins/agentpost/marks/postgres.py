@@ -91,7 +91,6 @@ from agentpost.marks.core import (
     mark_from_record,
     project_mark,
     read_order_key,
-    revalidate,
     trust_weight,
     visible_to,
 )
@@ -290,6 +289,7 @@ class PostgresMarkSpace(SpaceBase):
         space: str = "default",
         *,
         pool_size: int = 4,
+        max_content_bytes: int | None = None,
     ) -> None:
         dsn = dsn or os.environ.get("AGENTPOST_DSN")
         if not dsn:
@@ -303,7 +303,7 @@ class PostgresMarkSpace(SpaceBase):
         self.space = space
         self.dsn = libpq_dsn(dsn)
         self._tx = _Transaction()
-        super().__init__(scopes, clock)
+        super().__init__(scopes, clock, max_content_bytes)
         self._db: Database | None = _Pools.acquire(self.dsn, pool_size)
 
     # ----------------------------------------------------------------- lifetime
@@ -357,7 +357,7 @@ class PostgresMarkSpace(SpaceBase):
         before anything is sent. Hooks fire after, once per mark, in write order."""
         if not isinstance(agent, Agent):
             raise InvalidArgument(f"expected an Agent, got {type(agent).__name__}")
-        checked = [revalidate(m) for m in marks]
+        checked = self._checked(marks)
         scopes = [self.get_scope(m.scope) for m in checked]
         for mark, scope in zip(checked, scopes, strict=True):
             authorize_write(agent, mark, scope)

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 from uuid import UUID, uuid4
 
+from agentpost.config import mark_content_limit
 from agentpost.marks.core import (
     DEFAULT_MIN_STRENGTH,
     Action,
@@ -78,6 +79,7 @@ from agentpost.marks.core import (
     Warning,
     WatchPattern,
     authorize_write,
+    check_content_size,
     cluster_needs,
     compute_strength,
     mark_resource,
@@ -275,7 +277,14 @@ class SpaceBase(ABC):
     """What both backends do alike: the clock, the scope registry (configuration, not
     stored), write hooks (process-local), and the checks before a need is resolved."""
 
-    def __init__(self, scopes: Iterable[Scope] = (), clock: ClockSpec = None) -> None:
+    def __init__(
+        self,
+        scopes: Iterable[Scope] = (),
+        clock: ClockSpec = None,
+        max_content_bytes: int | None = None,
+    ) -> None:
+        #: the largest content of one mark this space stores (bytes of JSON)
+        self.max_content_bytes = mark_content_limit(max_content_bytes)
         self._lock = threading.RLock()
         self._clock = make_clock(clock)
         self._scopes: dict[str, Scope] = {}
@@ -331,6 +340,14 @@ class SpaceBase(ABC):
             return list(self._scopes.values())
 
     # ----------------------------------------------------------------- writes and hooks
+
+    def _checked(self, marks: Sequence[Mark]) -> list[Mark]:
+        """The marks re-validated field by field and within `max_content_bytes`: the checks
+        of a write that come before the scope's (InvalidMark, nothing stored)."""
+        checked = [revalidate(m) for m in marks]
+        for mark in checked:
+            check_content_size(mark, self.max_content_bytes)
+        return checked
 
     def write(self, agent: Agent, mark: Mark) -> UUID:
         """Store `mark` for `agent` with a fresh id and created_at = now (§8.1). Raises a
@@ -429,7 +446,13 @@ class SpaceBase(ABC):
 class MarkSpace(SpaceBase):
     """The mark space in memory: thread-safe, for one process and for fast tests."""
 
-    def __init__(self, scopes: Iterable[Scope] = (), clock: ClockSpec = None) -> None:
+    def __init__(
+        self,
+        scopes: Iterable[Scope] = (),
+        clock: ClockSpec = None,
+        *,
+        max_content_bytes: int | None = None,
+    ) -> None:
         self._marks: dict[UUID, Mark] = {}
         self._decay: dict[UUID, DecayConfig] = {}
         self._buckets: dict[BucketKey, _Bucket] = {}
@@ -442,14 +465,14 @@ class MarkSpace(SpaceBase):
         self._verdicts: dict[tuple[str, str], dict[UUID, DeferredVerdict]] = {}
         self._boundaries = 0
         self._swept = 1
-        super().__init__(scopes, clock)
+        super().__init__(scopes, clock, max_content_bytes)
 
     def write_many(self, agent: Agent, marks: Sequence[Mark]) -> list[UUID]:
         """Write several marks as one step: all are checked first, and if any is refused
         none is stored. Hooks fire after, once per mark, in write order."""
         if not isinstance(agent, Agent):
             raise InvalidArgument(f"expected an Agent, got {type(agent).__name__}")
-        checked = [revalidate(m) for m in marks]
+        checked = self._checked(marks)
         with self._lock:
             scopes = [self.get_scope(m.scope) for m in checked]
             for mark, scope in zip(checked, scopes, strict=True):
