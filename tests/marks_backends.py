@@ -39,15 +39,18 @@ def unique_space_name() -> str:
     return f"t_{uuid.uuid4().hex}"
 
 
-def make_space(kind: str, scopes: Iterable[Any], clock: Clock, dsn: str | None = None) -> Any:
-    """A fresh, empty space of backend ``kind`` with ``scopes`` registered."""
+def make_space(kind: str, scopes: Iterable[Any], clock: Clock, dsn: str | None = None,
+               **options: Any) -> Any:
+    """A fresh, empty space of backend ``kind`` with ``scopes`` registered (``options``: the
+    constructor's keyword arguments both backends share, such as ``max_content_bytes``)."""
     scopes = list(scopes)
     if kind == "memory":
-        return MarkSpace(scopes=scopes, clock=clock)
+        return MarkSpace(scopes=scopes, clock=clock, **options)
     if kind == "postgres":
         if dsn is None:
             raise ValueError("a postgres space needs a dsn")
-        return PostgresMarkSpace(dsn, scopes=scopes, clock=clock, space=unique_space_name())
+        return PostgresMarkSpace(dsn, scopes=scopes, clock=clock, space=unique_space_name(),
+                                 **options)
     raise ValueError(f"unknown backend {kind!r}")
 
 
@@ -65,15 +68,15 @@ class SpaceFactory:
         self.dsn = dsn
         self._made: list[Any] = []
 
-    def __call__(self, scopes: Iterable[Any], clock: Clock = T0) -> Any:
-        space = make_space(self.kind, scopes, clock, self.dsn)
+    def __call__(self, scopes: Iterable[Any], clock: Clock = T0, **options: Any) -> Any:
+        space = make_space(self.kind, scopes, clock, self.dsn, **options)
         self._made.append(space)
         return space
 
     @contextlib.contextmanager
-    def scoped(self, scopes: Iterable[Any], clock: Clock = T0) -> Iterator[Any]:
+    def scoped(self, scopes: Iterable[Any], clock: Clock = T0, **options: Any) -> Iterator[Any]:
         """A space closed when the block ends (hypothesis examples make many)."""
-        space = make_space(self.kind, scopes, clock, self.dsn)
+        space = make_space(self.kind, scopes, clock, self.dsn, **options)
         try:
             yield space
         finally:

@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from agentpost.config import DEFAULT_MAX_MARK_CONTENT_BYTES as MAX_BYTES
 from agentpost.marks import (
     Action,
     Agent,
@@ -49,7 +50,8 @@ from agentpost.marks import (
     UnknownScope,
     Warning,
 )
-from agentpost.protocol.errors import AgentpostError
+from agentpost.marks.core import MAX_LABEL
+from agentpost.protocol.errors import AgentpostError, ConfigurationError
 from marks_backends import BACKENDS, T0, SpaceFactory, factory_for
 
 
@@ -210,12 +212,21 @@ def malformed(draw: st.DrawFn) -> Bad:
         ("missing field", lambda: type(good).model_construct(
             **good.model_dump(exclude={REQUIRED[kind]}))),
     ]
+    label_field = {MarkType.INTENT: "resource", MarkType.ACTION: "resource",
+                   MarkType.OBSERVATION: "topic", MarkType.WARNING: "topic"}.get(kind)
+    if label_field is not None:
+        options += [
+            ("label too long", lambda: smuggled(good, **{label_field: "r" * draw(
+                st.integers(MAX_LABEL + 1, 4 * MAX_LABEL))})),
+        ]
     if dict_field is not None:
         options += [
             ("non-JSON content", lambda: smuggled(good, **{dict_field: draw(st.sampled_from([
                 {"x": {1, 2}}, {1: "int key"}, {"x": math.nan}, {"x": math.inf},
                 {"x": object()}, {"x": b"bytes"}, {"x\x00": 1}, {"x": "\ud800"},
                 "not a dict", ["a", "list"]]))})),
+            ("content too large", lambda: smuggled(good, **{dict_field: {"x": "y" * draw(
+                st.integers(MAX_BYTES, 2 * MAX_BYTES))}})),
         ]
     label, build = draw(st.sampled_from(options))
     return Bad(f"{kind.value}: {label}", WRITER, build(), InvalidMark)
@@ -383,3 +394,127 @@ def test_bad_guard_calls_store_nothing(new_space) -> None:
         denied = guard.pre_action(WRITER, "cal", "r", verb, 0.5)
         assert denied.verdict is Verdict.DENIED and verb in denied.reason
         assert observable(space) == before
+
+
+def test_bad_boundaries_are_refused_and_keep_the_last_verdicts(new_space) -> None:
+    """record_verdicts (the space's half of §6.2.1 phase 3) refuses a boundary that breaks
+    P17 (two ALLOWs), gives an agent two verdicts, is about another resource, names no intent
+    of that agent there, or is not made of DeferredVerdicts: InvalidArgument, and the verdicts
+    of the last good boundary stay as they were."""
+    from agentpost.marks.core import DeferredVerdict
+
+    space = new_space([Scope(name="lot", deferred=True)], clock=T0)
+    drivers = [Agent(name=f"d{k}", scopes={"lot": ["intent"]}) for k in range(2)]
+    intents = [space.write(d, Intent(scope="lot", resource="p1", action="park"))
+               for d in drivers]
+    elsewhere = space.write(drivers[0], Intent(scope="lot", resource="p2", action="park"))
+
+    def verdict(k: int, allowed: bool, **changes: Any) -> DeferredVerdict:
+        fields = {"scope": "lot", "resource": "p1", "agent_id": drivers[k].id,
+                  "intent_id": intents[k], "allowed": allowed, **changes}
+        return DeferredVerdict(**fields)
+
+    first = space.record_verdicts("lot", "p1", [verdict(0, True), verdict(1, False)])
+    kept = [space.deferred_verdict("lot", "p1", d.id) for d in drivers]
+    assert kept[0].allowed and kept[0].boundary == first and not kept[1].allowed
+    for bad in (
+        [verdict(0, True), verdict(1, True)],
+        [verdict(0, True), verdict(0, False)],
+        [verdict(0, True, resource="p2")],
+        [verdict(0, True, intent_id=elsewhere)],
+        [verdict(0, True, intent_id=uuid.uuid4())],
+        [verdict(1, True, intent_id=intents[0])],
+        [verdict(1, True), verdict(0, False, intent_id=uuid.uuid4())],
+        [{"agent_id": str(drivers[0].id), "allowed": True}],
+    ):
+        with pytest.raises(InvalidArgument):
+            space.record_verdicts("lot", "p1", bad)
+        assert [space.deferred_verdict("lot", "p1", d.id) for d in drivers] == kept
+    with pytest.raises(UnknownScope):
+        space.record_verdicts("nowhere", "p1", [])
+    assert space.record_verdicts("lot", "p1", []) > first
+    assert [space.deferred_verdict("lot", "p1", d.id) for d in drivers] == [None, None]
+
+
+CONTENT = {MarkType.ACTION: "result", MarkType.OBSERVATION: "content", MarkType.NEED: "context"}
+
+
+def with_content(kind: MarkType, size: int) -> Any:
+    """A good mark of ``kind`` whose content fields encode to exactly ``size`` bytes."""
+    mark = good_mark(kind)
+    if kind is MarkType.WARNING:
+        return mark.model_copy(update={"reason": "r" * (size - 2)})  # JSON: "r...r"
+    fields = {"question": "q" * 2} if kind is MarkType.NEED else {}
+    used = 4 if kind is MarkType.NEED else 0  # the question's JSON ("qq")
+    fields[CONTENT[kind]] = {"x": "y" * (size - used - len('{"x":""}'))}
+    return type(mark)(**{**mark.model_dump(exclude={"id", "agent_id", "created_at"}),
+                         **fields})
+
+
+@pytest.mark.parametrize("kind", [MarkType.ACTION, MarkType.OBSERVATION, MarkType.WARNING,
+                                  MarkType.NEED])
+def test_mark_content_is_bounded_and_an_oversized_mark_stores_nothing(new_space, kind,
+                                                                      monkeypatch) -> None:
+    """Bad input (docs/marks.md, bounds): a mark whose content fields (result, content,
+    reason, question and context, as UTF-8 JSON) exceed the space's bound is refused with
+    InvalidMark on both backends, alone or in a batch, and nothing is stored; at the bound it
+    is stored. The bound is AGENTPOST_MAX_MARK_CONTENT_BYTES, or the space's
+    ``max_content_bytes``."""
+    monkeypatch.setenv("AGENTPOST_MAX_MARK_CONTENT_BYTES", "2048")
+    space = new_space(SCOPES, clock=T0)
+    before = observable(space)
+    for batch in (False, True):
+        with pytest.raises(InvalidMark, match="2048"):
+            if batch:
+                space.write_many(WRITER, [good_mark(MarkType.NEED), with_content(kind, 2049)])
+            else:
+                space.write(WRITER, with_content(kind, 2049))
+        assert observable(space) == before
+    space.write(WRITER, with_content(kind, 2048))
+    assert len(space) == before["len"] + 1
+    assert space.max_content_bytes == 2048
+
+    monkeypatch.delenv("AGENTPOST_MAX_MARK_CONTENT_BYTES")
+    default = new_space(SCOPES, clock=T0)
+    assert default.max_content_bytes == MAX_BYTES
+    with pytest.raises(InvalidMark):
+        default.write(WRITER, with_content(kind, 4 * MAX_BYTES))
+    assert len(default) == 0
+    roomy = new_space.scoped(SCOPES, clock=T0, max_content_bytes=8 * MAX_BYTES)
+    with roomy as space:
+        space.write(WRITER, with_content(kind, 4 * MAX_BYTES))
+        assert len(space) == 1
+
+
+@pytest.mark.parametrize("value", ["lots", "0", "-5", str(1 << 40)])
+def test_a_bad_mark_content_bound_is_a_configuration_error(new_space, monkeypatch,
+                                                           value) -> None:
+    """A bound that is not a positive number of bytes (at most 256 MiB), from the
+    environment or the constructor, is refused when the space is built."""
+    monkeypatch.setenv("AGENTPOST_MAX_MARK_CONTENT_BYTES", value)
+    with pytest.raises(ConfigurationError, match="max_mark_content_bytes"):
+        new_space(SCOPES, clock=T0)
+    monkeypatch.delenv("AGENTPOST_MAX_MARK_CONTENT_BYTES")
+    with pytest.raises(ConfigurationError, match="max_mark_content_bytes"):
+        new_space(SCOPES, clock=T0, max_content_bytes=value)
+
+
+@pytest.mark.parametrize("field", ["scope", "resource", "action", "topic"])
+def test_mark_labels_are_bounded_on_both_backends(new_space, field) -> None:
+    """Bad input: a scope name, resource, verb or topic longer than MAX_LABEL characters is
+    refused at construction, and when smuggled in, by both backends alike with InvalidMark,
+    storing nothing (Postgres used to fail with a StoreError from its index, the memory
+    backend to accept it). MAX_LABEL characters are accepted by both."""
+    space = new_space([*SCOPES, Scope(name="s" * MAX_LABEL)], clock=T0)
+    writer = Agent(name="w", scopes={"s" * MAX_LABEL: ALL_TYPES})
+    kind = MarkType.OBSERVATION if field == "topic" else MarkType.INTENT
+    good = good_mark(kind).model_copy(update={"scope": "s" * MAX_LABEL})
+    longest = good.model_copy(update={field: "s" * MAX_LABEL})
+    space.write(writer, type(good)(**longest.model_dump(exclude={"id"})))
+    before = observable(space), len(space)
+    too_long = "s" * (MAX_LABEL + 1)
+    with pytest.raises(InvalidMark, match=str(MAX_LABEL)):
+        type(good)(**{**good.model_dump(exclude={"id"}), field: too_long})
+    with pytest.raises(InvalidMark, match=str(MAX_LABEL)):
+        space.write(writer, good.model_copy(update={field: too_long}))
+    assert (observable(space), len(space)) == before

@@ -7,6 +7,7 @@ parametrizes it over the Postgres backend too), so the tests use the space inter
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import Counter
 from uuid import UUID
@@ -41,6 +42,7 @@ from agentpost.marks.guard import (
     Verdict,
     as_result,
 )
+from agentpost.marks.postgres import PostgresMarkSpace
 from marks_backends import T0, make_space_fixture  # noqa: F401 (fixture)
 
 HYPOTHESIS = settings(
@@ -302,6 +304,22 @@ def test_execute_records_a_raising_tool_as_a_failed_action_that_claims_nothing(m
     assert intents_on(space, "calendar", "r") == []
     decision, _ = guard.execute(second, "calendar", "r", "book", "booked", Tool())
     assert decision.allowed
+
+
+def test_execute_records_a_tool_result_too_large_for_the_space_as_a_summary(make_space):
+    """P39 with the content bound (docs/marks.md): the tool has run, so its action is
+    recorded and holds the resource even when the result is larger than the space's
+    ``max_content_bytes``: the mark keeps a summary of it, execute returns it whole."""
+    space = make_space([scope()], max_content_bytes=1024)
+    guard = Guard(space)
+    me, other = agent("me"), agent("other")
+    big = {"rows": "x" * 5000}
+    decision, result = guard.execute(me, "calendar", "r", "book", "booked", Tool(big))
+    assert decision.allowed and result == big
+    [action] = actions_on(space, "calendar", "r")
+    assert action.agent_id == me.id
+    assert action.result == {"oversize": True, "bytes": 5011, "limit": 1024}
+    assert guard.pre_action(other, "calendar", "r", "book").verdict is Verdict.CONFLICT
 
 
 @pytest.mark.parametrize(
@@ -590,6 +608,95 @@ def test_deferred_boundary_respects_an_existing_action(make_space):
         a.id: Verdict.ALLOW,
         b.id: Verdict.BLOCKED,
     }
+
+
+def twin(space):
+    """The same space as another process would see it: the object itself in memory (one
+    process), a second object on the same database and space name on Postgres."""
+    if isinstance(space, PostgresMarkSpace):
+        return PostgresMarkSpace(space.dsn, scopes=space.registered_scopes(), clock=space.now,
+                                 space=space.space)
+    return space
+
+
+def test_p16_deferred_verdicts_are_shared_by_every_guard_on_the_space(make_space):
+    """§6.2.1 phase 3, P12: the boundary's verdicts live with the space, so a Guard that did
+    not run the boundary (another process, another task) lets the winner act and tells each
+    loser it lost, and to whom (§6.2.3 verdict delivery, P38)."""
+    space, boundary_guard, (a, b, c) = deferred_setup(make_space, [0.5, 0.95, 0.7])
+    assert boundary_guard.resolve_deferred("calendar", "spot")[b.id] is Verdict.ALLOW
+    with contextlib.closing(twin(space)) as elsewhere:
+        guard = Guard(elsewhere)
+        lost = guard.pre_action(a, "calendar", "spot", "park", 0.5)
+        assert lost.verdict is Verdict.BLOCKED and lost.check is GuardCheck.DEFERRED
+        assert lost.winning_intent is not None and lost.winning_intent.agent_id == b.id
+        assert "lost" in lost.reason
+        tool = Tool()
+        won, _ = guard.execute(b, "calendar", "spot", "park", "parked", tool, 0.95)
+        assert won.verdict is Verdict.ALLOW and tool.calls == 1
+        assert [x.agent_id for x in actions_on(elsewhere, "calendar", "spot")] == [b.id]
+    assert boundary_guard.pre_action(c, "calendar", "spot", "park", 0.7).verdict is (
+        Verdict.CONFLICT
+    )
+
+
+def test_p17_a_later_boundary_supersedes_an_earlier_grant_in_every_guard(make_space):
+    """P17: guard X grants B at one boundary; C outbids and guard Y's later boundary grants
+    C. X must not still let B act (two ALLOWs, two actions on one exclusive resource):
+    only C acts, through either guard."""
+    space, guard_x, (a, b) = deferred_setup(make_space, [0.5, 0.9])
+    assert guard_x.resolve_deferred("calendar", "spot")[b.id] is Verdict.ALLOW
+    with contextlib.closing(twin(space)) as elsewhere:
+        guard_y = Guard(elsewhere)
+        c = agent("late")
+        assert guard_y.pre_action(c, "calendar", "spot", "park", 1.0).verdict is (
+            Verdict.BLOCKED
+        )
+        assert guard_y.resolve_deferred("calendar", "spot") == {
+            a.id: Verdict.BLOCKED, b.id: Verdict.BLOCKED, c.id: Verdict.ALLOW,
+        }
+        stale = guard_x.pre_action(b, "calendar", "spot", "park", 0.9)
+        assert stale.verdict is Verdict.BLOCKED
+        assert stale.winning_intent is not None and stale.winning_intent.agent_id == c.id
+        tools = {who.name: Tool() for who in (a, b, c)}
+        for who, confidence, via in ((b, 0.9, guard_x), (a, 0.5, guard_y), (c, 1.0, guard_x)):
+            via.execute(who, "calendar", "spot", "park", "parked", tools[who.name], confidence)
+        assert {name: tool.calls for name, tool in tools.items()} == {
+            a.name: 0, b.name: 0, c.name: 1,
+        }
+        assert [x.agent_id for x in actions_on(space, "calendar", "spot")] == [c.id]
+
+
+def test_deferred_grant_is_consumed_by_the_winners_action(make_space):
+    """§6.2.1: an ALLOW is used once. The stored verdict records the action that consumed
+    it, and the winner's next plan on the resource waits for the next boundary."""
+    space, guard, (a, b) = deferred_setup(make_space, [0.3, 0.8])
+    guard.resolve_deferred("calendar", "spot")
+    granted = space.deferred_verdict("calendar", "spot", b.id)
+    assert granted.allowed and granted.consumed_by is None
+    decision = guard.pre_action(b, "calendar", "spot", "park", 0.8)
+    assert decision.allowed and decision.intent_id == granted.intent_id
+    action_id = guard.post_action(b, "calendar", "spot", "parked", {}, decision.intent_id)
+    assert space.deferred_verdict("calendar", "spot", b.id).consumed_by == action_id
+    assert not space.deferred_verdict("calendar", "spot", a.id).allowed
+    again = guard.pre_action(b, "calendar", "spot", "park", 0.8)
+    assert again.verdict is Verdict.BLOCKED and again.check is GuardCheck.DEFERRED
+
+
+def test_deferred_verdicts_expire_with_their_intents(make_space):
+    """§2.2, P13: a verdict lasts as long as the intent it is about; past the TTL it is gone
+    and the agent's next intent waits for a new boundary."""
+    space, guard, (a, b) = deferred_setup(make_space, [0.3, 0.8])
+    guard.resolve_deferred("calendar", "spot")
+    stored = space.deferred_verdict("calendar", "spot", b.id)
+    assert stored.expires_at == space.get(stored.intent_id).created_at + TTL
+    space.set_clock(stored.expires_at)
+    assert space.deferred_verdict("calendar", "spot", b.id) == stored
+    assert guard.pre_action(b, "calendar", "spot", "park", 0.8).allowed
+    space.set_clock(stored.expires_at + 1)
+    assert space.deferred_verdict("calendar", "spot", b.id) is None
+    assert space.deferred_verdict("calendar", "spot", a.id) is None
+    assert guard.pre_action(b, "calendar", "spot", "park", 0.8).verdict is Verdict.BLOCKED
 
 
 # --------------------------------------------------------------------------- post_action

@@ -6,6 +6,7 @@
 | AGENTPOST_TRAIL_KEY | HMAC key that signs the trail | a development key, with a warning |
 | AGENTPOST_ACK_TIMEOUT | base acknowledgment timeout in seconds (WACP §7.1) | 2.0 |
 | AGENTPOST_MAX_CONTENT_BYTES | largest payload accepted | 1048576 |
+| AGENTPOST_MAX_MARK_CONTENT_BYTES | largest content of one mark (JSON bytes) | 65536 |
 | AGENTPOST_DURABLE_ACKS | commit acks and nacks synchronously (1) or not (0) | 0 |
 
 Acks and nacks commit asynchronously by default: a server crash can lose the last few
@@ -24,6 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentpost.protocol.errors import ConfigurationError
 from agentpost.protocol.validation import DEFAULT_MAX_CONTENT_BYTES
 
+#: the largest content of one mark (AGENTPOST_MAX_MARK_CONTENT_BYTES)
+DEFAULT_MAX_MARK_CONTENT_BYTES = 64 << 10
+
 #: used only when no key is configured; anyone can forge entries signed with it
 DEVELOPMENT_TRAIL_KEY = "agentpost-development-key-not-secret"
 
@@ -35,6 +39,8 @@ class Settings(BaseModel):
     trail_key: str = DEVELOPMENT_TRAIL_KEY
     ack_timeout: float = Field(default=2.0, gt=0, le=3600)
     max_content_bytes: int = Field(default=DEFAULT_MAX_CONTENT_BYTES, gt=0, le=256 << 20)
+    max_mark_content_bytes: int = Field(default=DEFAULT_MAX_MARK_CONTENT_BYTES, gt=0,
+                                        le=256 << 20)
     durable_acks: bool = False
 
     @classmethod
@@ -49,6 +55,8 @@ class Settings(BaseModel):
             values["ack_timeout"] = env["AGENTPOST_ACK_TIMEOUT"]
         if env.get("AGENTPOST_MAX_CONTENT_BYTES"):
             values["max_content_bytes"] = env["AGENTPOST_MAX_CONTENT_BYTES"]
+        if env.get("AGENTPOST_MAX_MARK_CONTENT_BYTES"):
+            values["max_mark_content_bytes"] = env["AGENTPOST_MAX_MARK_CONTENT_BYTES"]
         if env.get("AGENTPOST_DURABLE_ACKS"):
             values["durable_acks"] = env["AGENTPOST_DURABLE_ACKS"]
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -65,3 +73,17 @@ class Settings(BaseModel):
         if not self.dsn:
             raise ConfigurationError("no store configured: set AGENTPOST_DSN")
         return self.dsn
+
+
+def mark_content_limit(value: object = None) -> int:
+    """The bound on one mark's content for a mark space: ``value`` if given, else
+    AGENTPOST_MAX_MARK_CONTENT_BYTES, else the default. Checked like every setting (a
+    positive number of bytes, at most 256 MiB); ConfigurationError otherwise. Reads only
+    this variable, so building a mark space never warns about the trail key."""
+    if value is None:
+        value = os.environ.get("AGENTPOST_MAX_MARK_CONTENT_BYTES") or None
+    try:
+        settings = Settings() if value is None else Settings(max_mark_content_bytes=value)
+    except ValueError as exc:
+        raise ConfigurationError(f"bad agentpost configuration: {exc}") from None
+    return settings.max_mark_content_bytes

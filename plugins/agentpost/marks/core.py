@@ -18,6 +18,9 @@ Readings chosen where the spec leaves room (also in docs/design.md):
   through a reference the caller still holds (P30).
 - Defaults where the proto has a MUST field with an obvious neutral value: confidence 1.0,
   source FLEET, severity CAUTION, reason "", priority 0.5, blocking False, empty dicts.
+- Bounds the spec leaves open: a scope name, resource, verb or topic has at most `MAX_LABEL`
+  characters; a mark's content (`content_bytes`) at most the space's `max_content_bytes`
+  (`check_content_size`; docs/marks.md).
 - Scope lists: an *empty* verb or topic list means "unrestricted"; `"*"` in a list also means
   "any" (§6.2.3). Topic lists default to `("*",)`, verb lists to `()`.
 - `resolve_conflict` returns the winner's id (spec: `resolve(intents) → winner_id`), or None
@@ -30,6 +33,7 @@ Readings chosen where the spec leaves room (also in docs/design.md):
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import re
@@ -225,8 +229,11 @@ def _freeze_object(value: dict[str, Any]) -> FrozenDict:
     return freeze_json(value)
 
 
+#: the longest scope name, resource, verb or topic (characters)
+MAX_LABEL = 200
+
 Text = Annotated[str, AfterValidator(check_text)]
-Name = Annotated[str, Field(min_length=1), AfterValidator(check_text)]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_LABEL), AfterValidator(check_text)]
 JsonObject = Annotated[dict[str, Any], AfterValidator(_freeze_object)]
 Unit = Annotated[float, Field(ge=0.0, le=1.0)]
 Positive = Annotated[float, Field(gt=0.0)]
@@ -240,6 +247,8 @@ def check_scope_name(name: str) -> str:
     (`"calendar"`, `"research/topic/X"`); anything else would make hierarchy matching
     ambiguous."""
     check_text(name)
+    if len(name) > MAX_LABEL:
+        raise ValueError(f"a scope name has at most {MAX_LABEL} characters")
     if not name or not all(_SCOPE_SEGMENT.fullmatch(seg) for seg in name.split("/")):
         raise ValueError(f"invalid scope name {name!r}")
     return name
@@ -364,6 +373,28 @@ CONTENT_FIELDS: dict[MarkType, dict[str, Any]] = {
     MarkType.WARNING: {"reason": ""},
     MarkType.NEED: {"question": "", "context": FrozenDict()},
 }
+
+
+def json_bytes(value: Any) -> int:
+    """The size of a JSON value as compact UTF-8 JSON."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def content_bytes(mark: Mark) -> int:
+    """The size of a mark's content fields (result, content, reason, question, context) as
+    compact UTF-8 JSON: what `check_content_size` bounds."""
+    return sum(json_bytes(getattr(mark, name)) for name in CONTENT_FIELDS[mark.mark_type])
+
+
+def check_content_size(mark: Mark, limit: int) -> None:
+    """Refuse a mark whose content is larger than ``limit`` bytes (the space's
+    ``max_content_bytes``, AGENTPOST_MAX_MARK_CONTENT_BYTES) with InvalidMark."""
+    size = content_bytes(mark)
+    if size > limit:
+        raise InvalidMark(
+            f"the {mark.mark_type.value} mark's content is {size} bytes of JSON, more than "
+            f"the {limit} allowed (AGENTPOST_MAX_MARK_CONTENT_BYTES)"
+        )
 
 
 def mark_from_record(record: Mapping[str, Any]) -> Mark:
@@ -574,6 +605,35 @@ class NeedCluster(BaseModel):
     effective_priority: float
     blocking_count: int
     contexts: tuple[JsonObject, ...]
+
+
+# --------------------------------------------------------------------------- deferred verdicts
+
+
+class DeferredVerdict(BaseModel):
+    """One agent's verdict at a resolution boundary on (scope, resource) (§6.2.1 phase 3),
+    as the space keeps it, so that every process and every Guard over the space sees the
+    same verdicts (P12, P16, P17).
+
+    A verdict is about one intent (``intent_id``, the agent's latest active intent at the
+    boundary). It is replaced, with every other verdict on (scope, resource), by the next
+    boundary there (``boundary`` grows); an ALLOW is used once (``consumed_by``: the action
+    that used it); and it ends with its intent's TTL (``expires_at``), after which the space
+    no longer returns it. ``winner_id`` is the intent that won (None: no winner, YIELD_ALL).
+    The space assigns ``boundary``, ``decided_at`` and ``expires_at``."""
+
+    model_config = _FROZEN
+
+    scope: ScopeName
+    resource: Name
+    agent_id: UUID
+    intent_id: UUID
+    allowed: bool
+    winner_id: UUID | None = None
+    boundary: int = 0
+    decided_at: float | None = None
+    expires_at: float | None = None
+    consumed_by: UUID | None = None
 
 
 # --------------------------------------------------------------------------- write checks

@@ -9,9 +9,9 @@ rate limit, envelope). The optional defence layers plug in here: the statistical
 limits (`rate_limit.py`) and telemetry (`telemetry.py`).
 
 The guard talks to the space only through the interface both backends share (`write`, `read`,
-`get`, `lock`, `now`, `get_scope`, `active_marks`), and serializes every decision on a
-(scope, resource) with `space.lock(scope, resource)`: a per-key lock in memory, a
-transaction-scoped advisory lock on Postgres, so decisions are serialized across processes.
+`get`, `lock`, `now`, `get_scope`, `active_marks`, the deferred verdicts), and serializes every
+decision on a (scope, resource) with `space.lock(scope, resource)`: a per-key lock in memory,
+a transaction-scoped advisory lock on Postgres, so decisions are serialized across processes.
 
 Readings chosen where the spec leaves room (docs/design.md repeats them):
 
@@ -38,11 +38,13 @@ Readings chosen where the spec leaves room (docs/design.md repeats them):
   `resolve_deferred` is the boundary. It compares every active intent (P14, P18) under the
   scope's policy and gives exactly one agent ALLOW (P17) unless the policy is YIELD_ALL with
   several agents (all BLOCKED, Needs filed) or another agent's action already claims the
-  resource (P39: only that agent may be allowed). The guard remembers the winning intent of
-  the latest boundary per (scope, resource): while that intent is active, the winner's
-  `pre_action` / `execute` is ALLOWed (phase 3), everyone else's stays BLOCKED. The grant is
-  kept by the guard object that ran the boundary (in its process); elsewhere the harness
-  delivers the verdict and the winner records its result with `post_action`.
+  resource (P39: only that agent may be allowed). The verdicts are kept by the space
+  (`space.record_verdicts`, in the boundary's lock), not by this object, so every Guard in
+  every process answers from them: each is about the agent's intent at the boundary; the
+  next boundary on (scope, resource) replaces them; the winner's `pre_action` / `execute`
+  with that same intent is ALLOWed until its action consumes the grant (`post_action`, in the
+  same lock); a loser is BLOCKED with the winning intent; all of it ends with the intent's
+  TTL. A new intent (another verb or confidence) waits for the next boundary.
   `resolve_all_deferred` is a boundary for every pending deferred resource (P16).
 - Mutual exclusion: `execute` holds ``space.lock(scope, resource)`` from the check through
   the tool call to the action mark, so the next agent finds the committed action (P39). A bare
@@ -53,7 +55,9 @@ Readings chosen where the spec leaves room (docs/design.md repeats them):
   intent on the resource). When another agent's active action is already on the resource (a
   race, §6.3) the new action supersedes *that* action instead, and the guard warns its agent
   with a warning that `invalidates` the superseded action.
-- `execute` records a raising tool as a failed action (which claims nothing) and re-raises.
+- `execute` records a raising tool as a failed action (which claims nothing) and re-raises;
+  a result larger than the space's content bound is recorded as its size
+  (``{"oversize": true, "bytes": n, "limit": m}``), since the action must be stored.
 - The guard's own marks (Needs for the principal, warnings) are written by a system agent with
   a fixed id (`SYSTEM_AGENT_ID`), allowed warnings and needs in every scope the guard touches;
   the system agent is exempt from the envelope and from rate limits. Its writes are best
@@ -84,6 +88,7 @@ from agentpost.marks.core import (
     Action,
     Agent,
     ConflictPolicy,
+    DeferredVerdict,
     Intent,
     InvalidArgument,
     InvalidMark,
@@ -95,6 +100,7 @@ from agentpost.marks.core import (
     Severity,
     Warning,
     freeze_json,
+    json_bytes,
     winning_intent,
 )
 from agentpost.marks.envelope import EnvelopeVerdict, Finding, StatisticalEnvelope
@@ -294,8 +300,6 @@ class Guard:
         self._system_grants: dict[str, tuple[MarkType, ...]] = {}
         self._system: Agent = system_agent or Agent(id=SYSTEM_AGENT_ID, name=SYSTEM_AGENT_NAME)
         self._lock = threading.RLock()
-        #: deferred (scope, resource) -> the intent that won the latest boundary here
-        self._grants: dict[tuple[str, str], UUID] = {}
         if envelope is not None:
             envelope.exempt(self._system.id)
 
@@ -456,19 +460,25 @@ class Guard:
         return intent.model_copy(update={"id": mark_id, "agent_id": agent.id})
 
     def _advisory(self, agent: Agent, held: Intent, board: _Board) -> GuardDecision:
-        """Deferred scope: phase 1 collects the intent and the verdict waits (§6.2.3); the
-        winner of the latest boundary, while its winning intent is active, is allowed
-        (phase 3), so its `execute` can proceed."""
+        """Deferred scope: phase 1 collects the intent and the verdict waits (§6.2.3). Once
+        a boundary has decided about this very intent, its stored verdict answers (phase
+        3), whichever process or Guard ran the boundary: the winner's unused ALLOW lets its
+        `execute` proceed; a loser learns who won while that intent is active."""
         others = board.others(agent.id)
-        with self._lock:
-            granted = self._grants.get((held.scope, held.resource))
-        if granted is not None and granted == held.id:
-            return GuardDecision(
-                verdict=Verdict.ALLOW,
-                reason=f"won {held.resource!r} at the latest resolution boundary",
-                intent_id=held.id,
-                conflicting_intents=tuple(others),
-            )
+        verdict = self.space.deferred_verdict(held.scope, held.resource, agent.id)
+        if verdict is not None and verdict.intent_id == held.id:
+            if verdict.allowed and verdict.consumed_by is None:
+                return GuardDecision(
+                    verdict=Verdict.ALLOW,
+                    reason=(
+                        f"won {held.resource!r} at resolution boundary {verdict.boundary}"
+                    ),
+                    intent_id=held.id,
+                    conflicting_intents=tuple(others),
+                )
+            winner = next((i for i in board.intents if i.id == verdict.winner_id), None)
+            if not verdict.allowed and (winner is not None or verdict.winner_id is None):
+                return self._lost(held, verdict, winner, others)
         return GuardDecision(
             verdict=Verdict.BLOCKED,
             reason=(
@@ -477,6 +487,32 @@ class Guard:
             ),
             intent_id=held.id,
             conflicting_intents=tuple(others),
+            check=GuardCheck.DEFERRED,
+        )
+
+    def _lost(
+        self,
+        held: Intent,
+        verdict: DeferredVerdict,
+        winner: Intent | None,
+        others: tuple[Intent, ...],
+    ) -> GuardDecision:
+        """BLOCKED by the latest boundary (§6.2.1 phase 3 step 4), with its winner (P38);
+        no winner: YIELD_ALL left it to the principal, or an action held the resource."""
+        outcome = (
+            f"lost to agent {winner.agent_id}"
+            if winner is not None
+            else "no agent was allowed (the principal decides, or an action holds it)"
+        )
+        return GuardDecision(
+            verdict=Verdict.BLOCKED,
+            reason=(
+                f"{held.resource!r} in scope {held.scope!r}: {outcome} at resolution "
+                f"boundary {verdict.boundary}; a new intent waits for the next boundary"
+            ),
+            intent_id=held.id,
+            winning_intent=winner,
+            conflicting_intents=others,
             check=GuardCheck.DEFERRED,
         )
 
@@ -569,7 +605,7 @@ class Guard:
             board = self._board(scope, resource)
             decisions = self._batch(scope_def, board)
             intents = board.intents
-            self._remember_grant(scope, resource, decisions)
+            self.space.record_verdicts(scope, resource, _verdicts(scope, resource, decisions))
         self.emitter.event(
             EVENT_RESOLVE_DEFERRED,
             scope=scope,
@@ -578,16 +614,6 @@ class Guard:
             verdicts={str(a): d.verdict for a, d in decisions.items()},
         )
         return decisions
-
-    def _remember_grant(
-        self, scope: str, resource: str, decisions: Mapping[UUID, GuardDecision]
-    ) -> None:
-        winners = [d.intent_id for d in decisions.values() if d.allowed and d.intent_id]
-        with self._lock:
-            if winners:
-                self._grants[(scope, resource)] = winners[0]
-            else:
-                self._grants.pop((scope, resource), None)
 
     def resolve_all_deferred(self) -> dict[tuple[str, str], dict[UUID, Verdict]]:
         """A boundary for every deferred (scope, resource) with active intents, e.g. at the end
@@ -728,6 +754,8 @@ class Guard:
             supersedes=supersedes,
         )
         mark_id = self.space.write(agent, mark)
+        if resource is not None and self.space.get_scope(scope).deferred:
+            self.space.consume_grant(scope, resource, agent.id, mark_id)
         self._after_fact(agent, scope, MarkType.ACTION)
         if earlier is not None:
             self._warn_superseded(earlier, mark_id, agent)
@@ -842,7 +870,8 @@ class Guard:
         """The action mark of a tool call: its result, or a failed action if it raised."""
         if error is None:
             return self.post_action(
-                agent, scope, resource, result_action, as_result(result), decision.intent_id
+                agent, scope, resource, result_action, self._fit(as_result(result)),
+                decision.intent_id,
             )
         return self.post_action(
             agent,
@@ -853,6 +882,14 @@ class Guard:
             intent_id=decision.intent_id,
             failed=True,
         )
+
+    def _fit(self, result: dict[str, Any]) -> dict[str, Any]:
+        """A tool's result as its action mark can hold it: a result larger than the space's
+        content bound is replaced by its size (the tool has run, and the action that records
+        it must be stored to hold the resource, P39; the caller still gets the result)."""
+        limit = self.space.max_content_bytes
+        size = json_bytes(result)
+        return result if size <= limit else {"oversize": True, "bytes": size, "limit": limit}
 
     # ------------------------------------------------------------------ write_mark
 
@@ -1368,6 +1405,26 @@ def _agents_in_order(intents: list[Intent]) -> list[UUID]:
         if intent.agent_id is not None:
             seen.setdefault(intent.agent_id, None)
     return list(seen)
+
+
+def _verdicts(
+    scope: str, resource: str, decisions: Mapping[UUID, GuardDecision]
+) -> list[DeferredVerdict]:
+    """A boundary's decisions as the verdicts the space keeps (one per agent, each about
+    the intent its decision names)."""
+    winner = next((d.intent_id for d in decisions.values() if d.allowed), None)
+    return [
+        DeferredVerdict(
+            scope=scope,
+            resource=resource,
+            agent_id=agent_id,
+            intent_id=decision.intent_id,
+            allowed=decision.allowed,
+            winner_id=winner,
+        )
+        for agent_id, decision in decisions.items()
+        if decision.intent_id is not None
+    ]
 
 
 def _same_request(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:

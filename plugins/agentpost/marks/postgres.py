@@ -44,6 +44,10 @@ Why it is built this way:
   a poll deletes what it returns, so a mark is handed out once (P51), in write order (P52),
   also to pollers in several processes. Write hooks are process-local: they fire in the
   process that wrote, for writes made through the object they were added to.
+- **Deferred verdicts are rows** (`agentpost.mark_verdicts`, `sql/0014_deferred_grants.sql`):
+  a resolution boundary replaces the verdicts of its (scope, resource) in one statement,
+  inside the guard's lock() transaction, so a boundary run by one process is what every
+  other process's Guard answers from (docs/marks.md has the contract).
 - Database errors never leak: they come out as agentpost's typed errors
   (`agentpost.store.db.translate`): no schema is a ConfigurationError, no server
   StoreUnavailable, anything else StoreError.
@@ -70,6 +74,7 @@ from agentpost.marks.core import (
     Action,
     Agent,
     DecayConfig,
+    DeferredVerdict,
     InvalidArgument,
     Mark,
     MarkType,
@@ -86,7 +91,6 @@ from agentpost.marks.core import (
     mark_from_record,
     project_mark,
     read_order_key,
-    revalidate,
     trust_weight,
     visible_to,
 )
@@ -132,6 +136,19 @@ MARK_COLUMNS = (
     "body",
 )
 _N = len(MARK_COLUMNS)
+#: columns of the deferred_verdict query, in order (DeferredVerdict fields)
+_VERDICT_COLUMNS = (
+    "scope",
+    "resource",
+    "agent_id",
+    "intent_id",
+    "allowed",
+    "winner_id",
+    "boundary",
+    "decided_at",
+    "expires_at",
+    "consumed_by",
+)
 #: mark fields stored in columns of their own; every other field goes to the JSON body
 _COLUMN_FIELDS = frozenset(MARK_COLUMNS) | {"projected"}
 #: fields of the write rows that are mark fields (the rest are computed in _row)
@@ -272,6 +289,7 @@ class PostgresMarkSpace(SpaceBase):
         space: str = "default",
         *,
         pool_size: int = 4,
+        max_content_bytes: int | None = None,
     ) -> None:
         dsn = dsn or os.environ.get("AGENTPOST_DSN")
         if not dsn:
@@ -285,7 +303,7 @@ class PostgresMarkSpace(SpaceBase):
         self.space = space
         self.dsn = libpq_dsn(dsn)
         self._tx = _Transaction()
-        super().__init__(scopes, clock)
+        super().__init__(scopes, clock, max_content_bytes)
         self._db: Database | None = _Pools.acquire(self.dsn, pool_size)
 
     # ----------------------------------------------------------------- lifetime
@@ -339,7 +357,7 @@ class PostgresMarkSpace(SpaceBase):
         before anything is sent. Hooks fire after, once per mark, in write order."""
         if not isinstance(agent, Agent):
             raise InvalidArgument(f"expected an Agent, got {type(agent).__name__}")
-        checked = [revalidate(m) for m in marks]
+        checked = self._checked(marks)
         scopes = [self.get_scope(m.scope) for m in checked]
         for mark, scope in zip(checked, scopes, strict=True):
             authorize_write(agent, mark, scope)
@@ -647,6 +665,59 @@ class PostgresMarkSpace(SpaceBase):
             mark = _mark(row)
             marks.append(project_mark(mark) if row[_N] else mark)
         return marks
+
+    # ----------------------------------------------------------------- deferred verdicts
+
+    def record_verdicts(
+        self, scope: str, resource: str, verdicts: Sequence[DeferredVerdict]
+    ) -> int:
+        """Keep a boundary's verdicts in the database (sql/0014_deferred_grants.sql),
+        replacing the previous boundary's on the key, for every process to see. One
+        statement; inside the guard's lock() it commits with the boundary's decisions."""
+        checked = self._check_verdicts(scope, resource, verdicts)
+        if _text_arg(scope) is None or _text_arg(resource) is None:
+            raise InvalidArgument(f"no intent can be on {(scope, resource)!r}")
+        rows = [
+            {
+                "agent_id": str(v.agent_id),
+                "allowed": v.allowed,
+                "intent_id": str(v.intent_id),
+                "winner_id": None if v.winner_id is None else str(v.winner_id),
+            }
+            for v in checked
+        ]
+        params = {"scope": scope, "resource": resource, "now": self.now(), "rows": json.dumps(rows)}
+        boundary = self._rows("record_boundary", params)[0][0]
+        if boundary is None:
+            raise InvalidArgument(f"a verdict names no intent of its agent on {resource!r}")
+        return int(boundary)
+
+    def deferred_verdict(
+        self, scope: str, resource: str, agent_id: UUID
+    ) -> DeferredVerdict | None:
+        """The agent's verdict at the latest boundary on (scope, resource), while its
+        intent's TTL lasts."""
+        if _text_arg(scope) is None or _text_arg(resource) is None:
+            return None
+        rows = self._rows(
+            "deferred_verdict",
+            {"scope": scope, "resource": resource, "agent_id": str(agent_id_of(agent_id)),
+             "now": self.now()},
+        )
+        if not rows:
+            return None
+        return DeferredVerdict(**dict(zip(_VERDICT_COLUMNS, rows[0], strict=True)))
+
+    def consume_grant(self, scope: str, resource: str, agent_id: UUID, action_id: UUID) -> bool:
+        """Mark the agent's unconsumed ALLOW on (scope, resource) as used by the action."""
+        if _text_arg(scope) is None or _text_arg(resource) is None:
+            return False
+        rows = self._rows(
+            "consume_grant",
+            {"scope": scope, "resource": resource, "agent_id": str(agent_id_of(agent_id)),
+             "action_id": str(action_id), "now": self.now()},
+        )
+        return bool(rows)
 
     # ----------------------------------------------------------------- guard lock
 

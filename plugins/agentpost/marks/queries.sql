@@ -148,3 +148,25 @@ SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
 -- The guard's serialization of one (scope, resource) of one space, across processes, until
 -- the transaction ends. The key is 'agentpost.marks:' + the JSON array [space, scope, resource].
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))
+
+-- name: record_boundary
+-- §6.2.1 phase 3: a boundary's verdicts replace the previous ones on (scope, resource)
+-- (sql/0014_deferred_grants.sql); NULL when an intent_id names no intent there.
+SELECT agentpost.mark_record_boundary(%(space)s, %(scope)s, %(resource)s, %(now)s,
+                                      %(rows)s::json)
+
+-- name: deferred_verdict
+-- The agent's verdict at the latest boundary on (scope, resource), while its intent lives.
+SELECT scope, resource, agent_id, intent_id, allowed, winner_id, boundary, decided_at,
+       expires_at, consumed_by
+  FROM agentpost.mark_verdicts
+ WHERE space = %(space)s AND scope = %(scope)s AND resource = %(resource)s
+   AND agent_id = %(agent_id)s AND expires_at >= %(now)s
+
+-- name: consume_grant
+-- The winner's action uses its ALLOW (once).
+UPDATE agentpost.mark_verdicts
+   SET consumed_by = %(action_id)s
+ WHERE space = %(space)s AND scope = %(scope)s AND resource = %(resource)s
+   AND agent_id = %(agent_id)s AND allowed AND consumed_by IS NULL AND expires_at >= %(now)s
+RETURNING boundary

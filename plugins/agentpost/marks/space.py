@@ -36,6 +36,10 @@ Readings chosen where the spec leaves room (also in docs/design.md):
 - `lock(scope, resource)` is a re-entrant lock per key; two different keys never wait on
   each other. A write made inside it is not undone if the block raises (the Postgres backend
   rolls back its transaction instead).
+- Deferred verdicts (§6.2.1 phase 3) are kept by the space, not by a Guard: every Guard over
+  one `MarkSpace` object answers from the same verdicts (`record_verdicts`,
+  `deferred_verdict`, `consume_grant`); the Postgres backend keeps them in a table, for
+  every process.
 - Extras beyond the spec: `write_many` (all or nothing), `all_marks`, `registered_scopes`,
   `__len__`.
 """
@@ -54,11 +58,14 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 from uuid import UUID, uuid4
 
+from agentpost.config import mark_content_limit
 from agentpost.marks.core import (
     DEFAULT_MIN_STRENGTH,
     Action,
     Agent,
     DecayConfig,
+    DeferredVerdict,
+    Intent,
     InvalidArgument,
     InvalidMark,
     Mark,
@@ -72,6 +79,7 @@ from agentpost.marks.core import (
     Warning,
     WatchPattern,
     authorize_write,
+    check_content_size,
     cluster_needs,
     compute_strength,
     mark_resource,
@@ -139,6 +147,13 @@ class MarkSpaceProtocol(Protocol):
     def unsubscribe(self, agent: Agent) -> None: ...
     def get_watched_marks(self, agent: Agent, clear: bool = True) -> list[Mark]: ...
     def lock(self, scope: str, resource: str): ...  # a context manager
+    def record_verdicts(
+        self, scope: str, resource: str, verdicts: Sequence[DeferredVerdict]
+    ) -> int: ...
+    def deferred_verdict(
+        self, scope: str, resource: str, agent_id: UUID
+    ) -> DeferredVerdict | None: ...
+    def consume_grant(self, scope: str, resource: str, agent_id: UUID, action_id: UUID) -> bool: ...
     def active_marks(
         self, scope: str | None = None, mark_type: MarkType | None = None
     ) -> list[Mark]: ...
@@ -262,7 +277,14 @@ class SpaceBase(ABC):
     """What both backends do alike: the clock, the scope registry (configuration, not
     stored), write hooks (process-local), and the checks before a need is resolved."""
 
-    def __init__(self, scopes: Iterable[Scope] = (), clock: ClockSpec = None) -> None:
+    def __init__(
+        self,
+        scopes: Iterable[Scope] = (),
+        clock: ClockSpec = None,
+        max_content_bytes: int | None = None,
+    ) -> None:
+        #: the largest content of one mark this space stores (bytes of JSON)
+        self.max_content_bytes = mark_content_limit(max_content_bytes)
         self._lock = threading.RLock()
         self._clock = make_clock(clock)
         self._scopes: dict[str, Scope] = {}
@@ -319,6 +341,14 @@ class SpaceBase(ABC):
 
     # ----------------------------------------------------------------- writes and hooks
 
+    def _checked(self, marks: Sequence[Mark]) -> list[Mark]:
+        """The marks re-validated field by field and within `max_content_bytes`: the checks
+        of a write that come before the scope's (InvalidMark, nothing stored)."""
+        checked = [revalidate(m) for m in marks]
+        for mark in checked:
+            check_content_size(mark, self.max_content_bytes)
+        return checked
+
     def write(self, agent: Agent, mark: Mark) -> UUID:
         """Store `mark` for `agent` with a fresh id and created_at = now (§8.1). Raises a
         typed error and stores nothing if the agent, the mark or the scope say no."""
@@ -357,6 +387,45 @@ class SpaceBase(ABC):
              reader: Agent | None = None) -> list[Mark]:
         """§8.2's read."""
 
+    # ----------------------------------------------------------------- deferred verdicts
+
+    @abstractmethod
+    def record_verdicts(
+        self, scope: str, resource: str, verdicts: Sequence[DeferredVerdict]
+    ) -> int:
+        """Keep a resolution boundary's verdicts on (scope, resource), replacing the previous
+        boundary's there (§6.2.1 phase 3); returns the boundary's number, larger than any
+        before it. Each verdict names an intent of this space on (scope, resource)."""
+
+    @abstractmethod
+    def deferred_verdict(
+        self, scope: str, resource: str, agent_id: UUID
+    ) -> DeferredVerdict | None:
+        """The agent's verdict at the latest boundary on (scope, resource), or None (no
+        boundary gave it one, or its intent's TTL has passed)."""
+
+    @abstractmethod
+    def consume_grant(self, scope: str, resource: str, agent_id: UUID, action_id: UUID) -> bool:
+        """Record that ``action_id`` used the agent's ALLOW on (scope, resource); False when
+        it had none left to use."""
+
+    def _check_verdicts(
+        self, scope: str, resource: str, verdicts: Sequence[DeferredVerdict]
+    ) -> list[DeferredVerdict]:
+        """What a boundary may store: verdicts on this (scope, resource) of a known scope,
+        one per agent, at most one ALLOW (P17). InvalidArgument otherwise."""
+        self.get_scope(scope)
+        checked = list(verdicts)
+        if not all(isinstance(v, DeferredVerdict) for v in checked):
+            raise InvalidArgument("a boundary's verdicts are DeferredVerdict objects")
+        if any((v.scope, v.resource) != (scope, resource) for v in checked):
+            raise InvalidArgument(f"a verdict of this boundary is not on {(scope, resource)!r}")
+        if len({v.agent_id for v in checked}) != len(checked):
+            raise InvalidArgument("a boundary gives each agent one verdict")
+        if sum(v.allowed for v in checked) > 1:
+            raise InvalidArgument("a boundary allows at most one agent (P17)")
+        return checked
+
     def _check_resolvable(self, need: Mark, action_id: UUID) -> None:
         """§8.3's preconditions: a need, not yet resolved nor superseded, and an action id
         that, if it names a stored mark, names an action."""
@@ -377,7 +446,13 @@ class SpaceBase(ABC):
 class MarkSpace(SpaceBase):
     """The mark space in memory: thread-safe, for one process and for fast tests."""
 
-    def __init__(self, scopes: Iterable[Scope] = (), clock: ClockSpec = None) -> None:
+    def __init__(
+        self,
+        scopes: Iterable[Scope] = (),
+        clock: ClockSpec = None,
+        *,
+        max_content_bytes: int | None = None,
+    ) -> None:
         self._marks: dict[UUID, Mark] = {}
         self._decay: dict[UUID, DecayConfig] = {}
         self._buckets: dict[BucketKey, _Bucket] = {}
@@ -387,14 +462,17 @@ class MarkSpace(SpaceBase):
         self._last_created = -math.inf
         self._subscriptions: dict[UUID, _Subscription] = {}
         self._key_locks: dict[tuple[str, str], threading.RLock] = {}
-        super().__init__(scopes, clock)
+        self._verdicts: dict[tuple[str, str], dict[UUID, DeferredVerdict]] = {}
+        self._boundaries = 0
+        self._swept = 1
+        super().__init__(scopes, clock, max_content_bytes)
 
     def write_many(self, agent: Agent, marks: Sequence[Mark]) -> list[UUID]:
         """Write several marks as one step: all are checked first, and if any is refused
         none is stored. Hooks fire after, once per mark, in write order."""
         if not isinstance(agent, Agent):
             raise InvalidArgument(f"expected an Agent, got {type(agent).__name__}")
-        checked = [revalidate(m) for m in marks]
+        checked = self._checked(marks)
         with self._lock:
             scopes = [self.get_scope(m.scope) for m in checked]
             for mark, scope in zip(checked, scopes, strict=True):
@@ -693,6 +771,70 @@ class MarkSpace(SpaceBase):
         if definition.visibility is ScopeVisibility.PROTECTED:
             return project_mark(mark)
         return None
+
+    # ----------------------------------------------------------------- deferred verdicts
+
+    def record_verdicts(
+        self, scope: str, resource: str, verdicts: Sequence[DeferredVerdict]
+    ) -> int:
+        """Keep a boundary's verdicts (replacing the previous boundary's on the key), shared
+        by every Guard over this object; each lasts as long as its intent."""
+        checked = self._check_verdicts(scope, resource, verdicts)
+        with self._lock:
+            now = self.now()
+            stored = {}
+            for verdict in checked:
+                intent = self._marks.get(verdict.intent_id)
+                where = (scope, resource, verdict.agent_id)
+                if not isinstance(intent, Intent) or (
+                    intent.scope, intent.resource, intent.agent_id
+                ) != where:
+                    raise InvalidArgument(f"no intent {verdict.intent_id} of the agent there")
+                expires = intent.created_at + self._decay[intent.id].intent_ttl
+                stored[verdict.agent_id] = (verdict, expires)
+            self._boundaries += 1
+            self._verdicts[(scope, resource)] = {
+                agent_id: verdict.model_copy(
+                    update={"boundary": self._boundaries, "decided_at": now, "expires_at": at}
+                )
+                for agent_id, (verdict, at) in stored.items()
+            }
+            self._sweep_verdicts(now)
+            return self._boundaries
+
+    def _sweep_verdicts(self, now: float) -> None:
+        """Drop keys whose verdicts have all expired, each time the number of keys has
+        doubled since the last sweep (amortized O(1) per boundary). Under the lock."""
+        if len(self._verdicts) < 2 * self._swept:
+            return
+        self._verdicts = {
+            key: held
+            for key, held in self._verdicts.items()
+            if any(v.expires_at is not None and v.expires_at >= now for v in held.values())
+        }
+        self._swept = max(1, len(self._verdicts))
+
+    def deferred_verdict(
+        self, scope: str, resource: str, agent_id: UUID
+    ) -> DeferredVerdict | None:
+        """The agent's verdict at the latest boundary on (scope, resource), while its
+        intent's TTL lasts."""
+        with self._lock:
+            verdict = self._verdicts.get((scope, resource), {}).get(agent_id)
+            if verdict is None or verdict.expires_at is None or verdict.expires_at < self.now():
+                return None
+            return verdict
+
+    def consume_grant(self, scope: str, resource: str, agent_id: UUID, action_id: UUID) -> bool:
+        """Mark the agent's unconsumed ALLOW on (scope, resource) as used by the action."""
+        with self._lock:
+            verdict = self.deferred_verdict(scope, resource, agent_id)
+            if verdict is None or not verdict.allowed or verdict.consumed_by is not None:
+                return False
+            self._verdicts[(scope, resource)][agent_id] = verdict.model_copy(
+                update={"consumed_by": action_id}
+            )
+            return True
 
     # ----------------------------------------------------------------- guard lock
 
