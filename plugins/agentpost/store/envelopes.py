@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from agentpost.config import Settings
+from agentpost.protocol.chains import reserved_chain, reserved_message
 from agentpost.protocol.errors import InvalidInput, NotFound
 from agentpost.protocol.leases import courier_draft
 from agentpost.protocol.models import (
@@ -141,9 +142,12 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
         permission matrix."""
         if not isinstance(delegation, bool):
             raise InvalidInput("delegation must be true or false")
+        wid = None if workspace_id is None else _name(workspace_id, "workspace id")
+        if wid is not None and reserved_chain(wid):
+            raise InvalidInput(reserved_message(wid))
         row = self.db.scalar(
             "SELECT agentpost.create_workspace(%s, %s, %s, %s, %s, %s)",
-            (None if workspace_id is None else _name(workspace_id, "workspace id"),
+            (wid,
              _name(role, "role"), None if parent is None else _ref(parent, "parent"),
              _name(originator, "originator"), delegation,
              None if caused_by is None else _ref(caused_by, "caused_by")))
