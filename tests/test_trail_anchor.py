@@ -20,18 +20,8 @@ import pytest
 from agentpost.protocol.anchor import ChainHead, Checkpoint
 from agentpost.protocol.errors import InvalidAnchor, InvalidInput
 from agentpost.store import EnvelopeStore
-from dbtools import connect, rows
+from dbtools import rows
 from test_cli import agentpost, assert_one_line_error
-
-
-@pytest.fixture
-def pg(dsn: str) -> Iterator[Any]:
-    """The database owner's own connection."""
-    conn = connect(dsn)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def build(store: EnvelopeStore) -> None:
