@@ -7,6 +7,7 @@
 - ``dsn`` (function) / ``module_dsn`` (module): the DSN of a fresh database copied from the
   template, dropped afterwards.
 - ``empty_dsn`` (function): the DSN of a fresh database with no migrations applied.
+- ``pg`` (function): a plain autocommit connection to ``dsn``'s database.
 - ``store`` (function): an EnvelopeStore on ``dsn`` with a short acknowledgment timeout
   (0.2 s), closed afterwards.
 
@@ -20,6 +21,7 @@ import os
 import secrets
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg2
 import pytest
@@ -29,6 +31,7 @@ from psycopg2 import sql
 from agentpost.store import EnvelopeStore
 from agentpost.store.migrations import migrate
 from agentpost.store.server import PostgresServer, discover, dsn_for_database, libpq_dsn
+from dbtools import connect
 
 # Tests sign the trail with their own key (and so never warn about the development key).
 os.environ.setdefault("AGENTPOST_TRAIL_KEY", "agentpost-test-trail-key")
@@ -135,6 +138,17 @@ def empty_dsn(pg_server: PostgresServer) -> Iterator[str]:
         yield dsn
     finally:
         drop_database(pg_server.dsn, name)
+
+
+@pytest.fixture
+def pg(dsn: str) -> Iterator[Any]:
+    """A plain autocommit connection to ``dsn``'s database: the database owner's own access,
+    for reads the API does not offer and for tampering as an owner could."""
+    conn = connect(dsn)
+    try:
+        yield conn
+    finally:
+        conn.close()
 
 
 @pytest.fixture

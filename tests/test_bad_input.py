@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg2
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -746,6 +747,26 @@ def test_workspace_ids_outside_the_id_alphabet_are_refused(shared: Shared, name:
     assert snapshot(conn) == before
     # and such a name is simply an unknown target
     assert store.send("lead", name, "directive", "x").reason == "target_not_found"
+
+
+@pytest.mark.parametrize("name", ["system", "human:alice", "command:c-1", "saga:s-1",
+                                  "rule:r-1"])
+def test_workspace_ids_that_name_other_trail_chains_are_reserved(shared: Shared,
+                                                                 name: str) -> None:
+    """A workspace's id names its trail chain (WACP §10), so it may not be a chain the store
+    writes for something else: `system` (registry changes), `human:<user>` (the human
+    highway), `command:<id>`, `saga:<id>`, `rule:<id>`. The store refuses it with a typed error
+    and so does the database function itself; neither writes anything."""
+    store, conn = shared.store, shared.conn
+    before = snapshot(conn)
+    with pytest.raises(InvalidInput, match="reserved") as info:
+        store.create_workspace("worker", parent="lead", workspace_id=name)
+    assert_clean_error(info.value)
+    with pytest.raises(psycopg2.Error, match="reserved") as raw:
+        rows(conn, "SELECT agentpost.create_workspace(%s, 'worker', 'lead', 'system', false,"
+                   " NULL)", (name,))
+    assert raw.value.pgcode == "AP400"
+    assert snapshot(conn) == before
 
 
 @pytest.mark.parametrize("name", ["r\u0301le", "a b", "1role", "human:x", "-r", "r;--"])

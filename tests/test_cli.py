@@ -168,11 +168,14 @@ BAD_INPUT = {
     "inbox-negative-limit": ["inbox", "w1", "--limit", "-1"],
     "trail-negative-limit": ["trail", "--limit", "-1"],
     "empty-human": ["send", "--human", "", "--to", "w1", "--type", "directive", "hi"],
+    "reserved-id": ["workspace", "create", "worker", "--parent", "lead", "--id", "system"],
+    "anchor-missing": ["verify", "--anchor", "/nonexistent/anchor.json"],
+    "checkpoint-unwritable": ["checkpoint", "--out", "/nonexistent/dir/anchor.json"],
 }
 UNREACHABLE_COMMANDS = {
     "verify": ["verify"], "inbox": ["inbox", "w1"], "list": ["workspace", "list"],
     "send": ["send", "--from", "a", "--to", "b", "--type", "t", "x"], "recover": ["recover"],
-    "migrate": ["migrate"], "demo": ["demo"],
+    "migrate": ["migrate"], "demo": ["demo"], "checkpoint": ["checkpoint"],
 }
 BAD_USAGE = {
     "nothing": [],

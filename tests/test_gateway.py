@@ -687,6 +687,22 @@ def test_localhost_mode_serves_requests_without_token(store: EnvelopeStore, worl
         assert_error(c.post("/v1/enqueue", json=body, headers=auth(views_only)), 403)
 
 
+def test_localhost_mode_is_one_rate_limit_bucket_for_every_loopback_address(
+        store: EnvelopeStore, world: World) -> None:
+    """Courier §12 token bucket per token: in localhost mode (--no-auth) the anonymous caller
+    is one caller, whatever loopback address it connects from (all of 127.0.0.0/8 is this
+    host), so it has one bucket; otherwise each new source address would bring a full one."""
+    app = create_app(store, require_tokens=False, token_rate=0.01, token_burst=2)
+    with Served(app) as served:
+        codes = []
+        for source in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.1"):
+            transport = httpx.HTTPTransport(local_address=source)
+            with httpx.Client(base_url=served.http, timeout=WAIT, trust_env=False,
+                              transport=transport) as c:
+                codes.append(c.get("/v1/stats", params={"stream": world.inbox}).status_code)
+    assert codes == [200, 200, 429, 429]
+
+
 def test_store_failures_do_not_leak(world: World) -> None:
     """Courier §11 / house rule: a store that cannot be reached is a 503 with a generic
     message (HTTP) or a 503 error frame closing with 4503 (WS); no database text leaks."""

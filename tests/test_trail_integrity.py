@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +26,6 @@ from agentpost.store import EnvelopeStore
 from agentpost.store.server import libpq_dsn
 
 # -- helpers ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def pg(dsn: str) -> Iterator[Any]:
-    """The database owner's own connection: what a tamperer with database access has."""
-    conn = psycopg2.connect(libpq_dsn(dsn), application_name="agentpost-tests")
-    conn.autocommit = True
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def execute(conn: Any, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -42,16 +41,6 @@ WAIT_LIMIT = 20.0  # seconds: the bound of every poll in this module
 # -- helpers ----------------------------------------------------------------------------------
 
 
-
-
-@pytest.fixture
-def pg(dsn: str) -> Iterator[Any]:
-    """A plain autocommit connection to the test database, for reads the API does not offer."""
-    conn = connect(dsn)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 class ChainLock:

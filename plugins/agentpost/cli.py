@@ -10,6 +10,7 @@ exit non-zero: 1 for a failed check (verify) or a rejected envelope, 2 for bad u
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -117,17 +118,61 @@ def format_trail_event(e: Any) -> str:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    anchor = None if args.anchor is None else _read_file(args.anchor, "checkpoint")
     with _store(args) as store:
-        result = store.verify_trail()
+        result = store.verify_trail(anchor=anchor)
+    anchored = ("" if anchor is None else f"; every chain reaches the checkpoint of "
+                f"{result.anchor_taken_at:%Y-%m-%d %H:%M:%S} UTC ({result.anchored_chains} chains)")
     if result.ok:
-        print(f"trail verified: {result.entries} entries in {result.chains} chains")
+        print(f"trail verified: {result.entries} entries in {result.chains} chains{anchored}")
         return 0
     where = (f"entry #{result.failure_id}" if result.failure_id is not None
              else "a removed entry")
     print(f"trail verification FAILED at {where} (chain {result.failure_chain}, "
           f"seq {result.failure_seq}): {result.failure}; {result.failures} failure(s) in all",
           file=sys.stderr)
+    for mismatch in result.anchor_mismatches:
+        print(f"  {mismatch.problem}", file=sys.stderr)
     return EXIT_FAILED
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    with _store(args) as store:
+        checkpoint = store.checkpoint()
+    if args.out is None:
+        sys.stdout.write(checkpoint.to_json())
+        return 0
+    _write_file(args.out, checkpoint.to_json())
+    print(f"checkpoint of {len(checkpoint.heads)} chains at {checkpoint.taken_at} written to "
+          f"{args.out}")
+    return 0
+
+
+def _read_file(path: str, what: str) -> str:
+    """The text of `path` (- for stdin); an unreadable file is bad input, in one line."""
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"cannot read the {what} {path}: "
+                           f"{getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _write_file(path: str, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, then renamed."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise InvalidInput(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
@@ -204,8 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
     trail.add_argument("--json", action="store_true")
     trail.set_defaults(func=cmd_trail)
 
-    sub.add_parser("verify", help="check the trail's hashes and signatures").set_defaults(
-        func=cmd_verify)
+    verify = sub.add_parser("verify", help="check the trail's hashes and signatures")
+    verify.add_argument("--anchor", metavar="FILE",
+                        help="also check every chain against this checkpoint (- for stdin)")
+    verify.set_defaults(func=cmd_verify)
+    checkpoint = sub.add_parser("checkpoint", help="write a signed checkpoint of every "
+                                                   "chain's head, to keep outside the database")
+    checkpoint.add_argument("--out", metavar="FILE", help="write it to FILE (default: stdout)")
+    checkpoint.set_defaults(func=cmd_checkpoint)
     sub.add_parser("recover", help="complete deliveries cut off by a crash").set_defaults(
         func=cmd_recover)
     sub.add_parser("redeliver", help="retry deliveries whose backoff is due").set_defaults(

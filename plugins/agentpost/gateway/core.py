@@ -26,7 +26,7 @@ _MAX_STREAM = 300
 class GatewayConfig:
     """Tunables. Rates are requests per second; None switches that limit off."""
 
-    #: default bucket of a token without its own rate (also the localhost mode's, per client)
+    #: default bucket of a token without its own rate (also the localhost mode's one bucket)
     token_rate: float | None = 50.0
     token_burst: int = 100
     #: bucket of each stream, shared by every token enqueueing to it
@@ -93,12 +93,15 @@ class Gateway:
     async def authenticate(self, authorization: str | None, host: str | None) -> TokenInfo:
         """The caller's token (401 without a live one), charged one request (429 when its
         bucket is empty). Without `require_tokens`, a caller on a loopback address who
-        presents no token acts with every scope; a presented token is always checked."""
+        presents no token acts with every scope; a presented token is always checked.
+
+        Every loopback address is this host, so the anonymous caller is one caller with one
+        bucket: a bucket per address would give a full one to each of 127.0.0.2, 127.0.0.3..."""
         secret = bearer(authorization)
         if secret is None:
             if self.require_tokens or not is_loopback(host):
                 raise GatewayError(401, "a token is required: Authorization: Bearer <secret>")
-            who = TokenInfo(id=f"anonymous@{host}", name="localhost", scopes=ALL_SCOPES)
+            who = TokenInfo(id="anonymous@localhost", name="localhost", scopes=ALL_SCOPES)
         else:
             found = await self.call(self.tokens.authenticate, secret)
             if found is None:

@@ -1,11 +1,13 @@
 """The protocol layer: pure models, rules and checks, with no I/O."""
 
+from agentpost.protocol.anchor import Checkpoint
 from agentpost.protocol.errors import (
     AgentpostError,
     ConfigurationError,
     Conflict,
     Forbidden,
     InboxBlocked,
+    InvalidAnchor,
     InvalidInput,
     InvalidTransition,
     LeaseLost,
@@ -14,6 +16,7 @@ from agentpost.protocol.errors import (
     StoreUnavailable,
 )
 from agentpost.protocol.models import (
+    ChainMismatch,
     Draft,
     Envelope,
     Origin,
@@ -34,12 +37,15 @@ from agentpost.protocol.models import (
 
 __all__ = [
     "AgentpostError",
+    "ChainMismatch",
+    "Checkpoint",
     "ConfigurationError",
     "Conflict",
     "Draft",
     "Envelope",
     "Forbidden",
     "InboxBlocked",
+    "InvalidAnchor",
     "InvalidInput",
     "InvalidTransition",
     "LeaseLost",

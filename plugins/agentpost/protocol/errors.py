@@ -10,6 +10,11 @@ class InvalidInput(AgentpostError, ValueError):
     """The caller passed something malformed that cannot even be recorded as a rejection."""
 
 
+class InvalidAnchor(InvalidInput):
+    """A trail checkpoint that is malformed, or whose signature does not verify with the trail
+    key: it anchors nothing, so verifying against it cannot pass."""
+
+
 class NotFound(AgentpostError, LookupError):
     """An unknown workspace, role, envelope or port right."""
 

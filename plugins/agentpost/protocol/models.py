@@ -195,9 +195,22 @@ class TrailEvent(_Frozen):
     body: dict[str, Any]
 
 
+class ChainMismatch(_Frozen):
+    """A chain that no longer matches its head in a checkpoint (WACP §3 Integrity): it is
+    gone (`seq` 0), shorter than the anchored head, or its entry at `anchored_seq` is not the
+    anchored one (rolled back and written again)."""
+
+    chain: str
+    anchored_seq: int
+    seq: int  # the chain's head now (0: no entries left)
+    problem: str
+
+
 class TrailVerification(_Frozen):
     """The result of checking every chain: the first failing entry (lowest trail id) is named
-    by id, chain and sequence number, with what failed."""
+    by id, chain and sequence number, with what failed. Verified against an anchor (a
+    checkpoint), it also says when that was taken, how many chains it names, and each of them
+    that is shorter than it or diverges from it (each also counted in `failures`)."""
 
     ok: bool
     entries: int
@@ -207,3 +220,6 @@ class TrailVerification(_Frozen):
     failure_chain: str | None = None
     failure_seq: int | None = None
     failure: str | None = None
+    anchor_taken_at: datetime | None = None
+    anchored_chains: int = 0
+    anchor_mismatches: tuple[ChainMismatch, ...] = ()

@@ -13,6 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from agentpost.config import Settings
+from agentpost.protocol.anchor import AnchorLike, Checkpoint
+from agentpost.protocol.anchor import load as load_anchor
+from agentpost.protocol.chains import reserved_chain, reserved_message
 from agentpost.protocol.errors import InvalidInput, NotFound
 from agentpost.protocol.leases import courier_draft
 from agentpost.protocol.models import (
@@ -30,6 +33,7 @@ from agentpost.protocol.models import (
 )
 from agentpost.protocol.trail import ChainCheck, StoredEntry
 from agentpost.protocol.validation import DraftRow, draft_fields, normalize_draft, sanitize
+from agentpost.store.anchor import check_anchor, take_checkpoint
 from agentpost.store.checks import count as _count
 from agentpost.store.checks import name as _name
 from agentpost.store.checks import ref as _ref
@@ -141,9 +145,12 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
         permission matrix."""
         if not isinstance(delegation, bool):
             raise InvalidInput("delegation must be true or false")
+        wid = None if workspace_id is None else _name(workspace_id, "workspace id")
+        if wid is not None and reserved_chain(wid):
+            raise InvalidInput(reserved_message(wid))
         row = self.db.scalar(
             "SELECT agentpost.create_workspace(%s, %s, %s, %s, %s, %s)",
-            (None if workspace_id is None else _name(workspace_id, "workspace id"),
+            (wid,
              _name(role, "role"), None if parent is None else _ref(parent, "parent"),
              _name(originator, "originator"), delegation,
              None if caused_by is None else _ref(caused_by, "caused_by")))
@@ -378,13 +385,27 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
                            at=r[5], body=json.loads(r[6])["body"])
                 for r in self.db.fetchall(QUERIES["trail"], params)]
 
-    def verify_trail(self) -> TrailVerification:
-        """Recompute every chain's hashes and signatures with the configured key."""
+    def checkpoint(self) -> Checkpoint:
+        """A signed manifest of every chain's head, taken in one snapshot, to keep outside
+        the database (`.to_json()` for a file, `.to_dict()` for an XCom) and to give back to
+        `verify_trail(anchor=...)`: cutting the end off a chain leaves no trace inside the
+        database, but the chain no longer reaches its anchored head (WACP §3 Integrity)."""
+        return take_checkpoint(self.db, self._key)
+
+    def verify_trail(self, anchor: AnchorLike | None = None) -> TrailVerification:
+        """Recompute every chain's hashes and signatures with the configured key. With
+        `anchor` (a `checkpoint()`, or its JSON text or dict), also report every chain it
+        names that is gone, shorter than it, or diverges from it; an anchor that is malformed
+        or not signed with the trail key raises InvalidAnchor."""
+        checkpoint = None if anchor is None else load_anchor(anchor, self._key)
         check = ChainCheck(self._key)
+        anchored: dict[str, Any] = {}
         with self.db.cursor() as cur:
             cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             try:
                 self._stream_entries(cur, check)
+                if checkpoint is not None:
+                    anchored = check_anchor(cur, check, checkpoint)
             finally:
                 cur.execute("COMMIT")
         first = check.first_failure()
@@ -394,7 +415,7 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
             failure_id=None if first is None or first[0] < 0 else first[0],
             failure_chain=None if first is None else first[1],
             failure_seq=None if first is None else first[2],
-            failure=None if first is None else first[3])
+            failure=None if first is None else first[3], **anchored)
 
     def _stream_entries(self, cur: Any, check: ChainCheck) -> None:
         cur.execute("DECLARE verify_cursor NO SCROLL CURSOR FOR " + QUERIES["verify_entries"])

@@ -282,3 +282,37 @@ SELECT count(*)
             SELECT 1 FROM agentpost.envelopes b
              WHERE b.recipient = %(ws)s AND b.status = 'acknowledged'
                AND b.consumed_at IS NULL AND b.rank = 0))
+
+-- name: checkpoint_start
+-- The first statement of a checkpoint's REPEATABLE READ transaction, so it fixes the
+-- snapshot: the time, and a transactional WAL message. Committed synchronously, that message
+-- flushes the WAL up to it, so every commit the snapshot sees (phase 2's asynchronous ones
+-- too) is on disk before the checkpoint is handed out: a crash cannot take back an entry a
+-- checkpoint anchors.
+SELECT now(), set_config('synchronous_commit', 'on', true),
+       pg_logical_emit_message(true, 'agentpost.trail-checkpoint', '')
+
+-- name: chain_heads
+-- Every chain's head (its last entry): a skip scan of the unique index (chain, chain_seq),
+-- one probe per chain instead of a pass over every entry.
+WITH RECURSIVE c(chain) AS (
+    (SELECT t.chain FROM agentpost.trail t ORDER BY t.chain LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.chain FROM agentpost.trail t WHERE t.chain > c.chain
+             ORDER BY t.chain LIMIT 1)
+      FROM c WHERE c.chain IS NOT NULL
+)
+SELECT c.chain, h.chain_seq, h.hash
+  FROM c
+ CROSS JOIN LATERAL (SELECT t.chain_seq, t.hash FROM agentpost.trail t WHERE t.chain = c.chain
+                      ORDER BY t.chain_seq DESC LIMIT 1) h
+ WHERE c.chain IS NOT NULL
+
+-- name: anchored_entries
+-- For each chain a checkpoint anchors at a sequence number: the hash of its entry at that
+-- number (NULL: none), and its head now (0: no entries left).
+SELECT a.chain, t.hash, coalesce(h.chain_seq, 0)
+  FROM unnest(%(chains)s::text[], %(seqs)s::bigint[]) AS a(chain, seq)
+  LEFT JOIN agentpost.trail t ON t.chain = a.chain AND t.chain_seq = a.seq
+  LEFT JOIN LATERAL (SELECT x.chain_seq FROM agentpost.trail x WHERE x.chain = a.chain
+                      ORDER BY x.chain_seq DESC LIMIT 1) h ON true

@@ -1,0 +1,46 @@
+"""Trail checkpoints on Postgres: taking one, and checking the trail against one.
+
+The manifest itself (format, signature, comparison) is `agentpost.protocol.anchor`; here are
+the two reads it needs, each inside the caller's or its own single snapshot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentpost.protocol.anchor import ChainHead, Checkpoint, mismatches
+from agentpost.protocol.trail import ChainCheck
+from agentpost.store.db import Database
+from agentpost.store.queries import QUERIES
+
+
+def take_checkpoint(db: Database, key: bytes) -> Checkpoint:
+    """Every chain's head in one snapshot, signed with the trail key. It is returned only
+    after its transaction committed durably, which flushes every commit it saw to disk (see
+    the `checkpoint_start` query)."""
+    with db.cursor() as cur:
+        cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            cur.execute(QUERIES["checkpoint_start"])
+            taken_at = cur.fetchone()[0]
+            cur.execute(QUERIES["chain_heads"])
+            heads = [ChainHead(chain, seq, bytes(digest)) for chain, seq, digest in cur]
+        finally:
+            cur.execute("COMMIT")
+    return Checkpoint.sign(key, taken_at, heads)
+
+
+def check_anchor(cur: Any, check: ChainCheck, checkpoint: Checkpoint) -> dict[str, Any]:
+    """Compare the chains `checkpoint` anchors with the trail, in the caller's snapshot (the
+    one whose entries `check` verified): every chain that is gone, shorter or diverging is a
+    failure of `check` too. Returns the TrailVerification fields that report it."""
+    chains = [h.chain for h in checkpoint.heads]
+    cur.execute(QUERIES["anchored_entries"],
+                {"chains": chains, "seqs": [h.seq for h in checkpoint.heads]})
+    found = {chain: (None if digest is None else bytes(digest), head)
+             for chain, digest, head in cur.fetchall()}
+    problems = mismatches(checkpoint, found)
+    for m in problems:
+        check.gap(m.chain, m.problem)
+    return {"anchor_taken_at": checkpoint.taken, "anchored_chains": len(chains),
+            "anchor_mismatches": tuple(problems)}
