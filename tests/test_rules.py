@@ -144,6 +144,14 @@ def test_rule_notify_to_sealed_target_is_recorded_undeliverable(store: EnvelopeS
     {"id": "x", "do": [{"to": "architect"}], "surprise": 1},
     {"id": "x", "do": [{"to": "a/b/c"}]},
     "not a rule",
+    # bounds (issue 10: no unbounded tags or payloads through the Python API)
+    {"id": "x", "when": {"tags": [f"t{i}" for i in range(33)]}, "do": [{"to": "architect"}]},
+    {"id": "x", "when": {"tags": ["t" * 101]}, "do": [{"to": "architect"}]},
+    {"id": "x", "when": {"headers": {f"h{i}": 1 for i in range(65)}}, "do": [{"to": "architect"}]},
+    {"id": "x", "when": {"headers": {"h": "v" * 5000}}, "do": [{"to": "architect"}]},
+    {"id": "x", "when": {"type": "t" * 201}, "do": [{"to": "architect"}]},
+    {"id": "x", "do": [{"to": "architect", "payload": {"blob": "x" * 70_000}}]},
+    {"id": "x", "do": [{"to": "a" * 201}]},
 ])
 def test_rule_malformed_is_refused_and_stores_nothing(store: EnvelopeStore, bad: Any) -> None:
     _world(store)

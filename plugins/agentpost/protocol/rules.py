@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from agentpost.protocol.errors import InvalidInput
 from agentpost.protocol.leases import workspace_of
 from agentpost.protocol.models import Priority
+from agentpost.protocol.validation import MAX_ATTACHMENT, MAX_HEADERS, MAX_TAG, MAX_TAGS
 
 #: the references a notify payload may use, ``${env.<name>}``; headers.<k> and meta.<k> too
 TEMPLATE_FIELDS = frozenset({"id", "from", "to", "type", "priority", "originator", "ts"})
@@ -24,6 +25,17 @@ _RULE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _PARTY = re.compile(r"^agents/([^/]+)/(?:inbox|outbox)$")
 #: how many notify-caused-by-notify generations a chain of rules may produce
 DEFAULT_MAX_HOPS = 3
+#: the largest notify payload a rule may hold, as compact JSON (rules are configuration: a
+#: payload is a small template, and each firing sends a copy of it)
+MAX_RULE_PAYLOAD_BYTES = 65_536
+#: the longest workspace or type name a rule may name (the registry's own limit is shorter)
+_MAX_NAME = 200
+
+
+def _bounded(value: str, limit: int, what: str) -> str:
+    if len(value) > limit:
+        raise ValueError(f"{what} is longer than {limit} characters")
+    return value
 
 
 class _Frozen(BaseModel):
@@ -48,10 +60,33 @@ class RuleWhen(_Frozen):
     tags: tuple[str, ...] = ()
     headers: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
-    @field_validator("to", "from_")
+    @field_validator("to", "from_", "type")
     @classmethod
-    def _workspace(cls, value: str | None) -> str | None:
-        return _party(value)
+    def _workspace(cls, value: str | None, info: Any) -> str | None:
+        if value is not None:
+            _bounded(value, _MAX_NAME, info.field_name)
+        return value if info.field_name == "type" else _party(value)
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """The bounds of an envelope's tags: a rule can only match what an envelope carries."""
+        if len(value) > MAX_TAGS:
+            raise ValueError(f"at most {MAX_TAGS} tags")
+        for tag in value:
+            _bounded(tag, MAX_TAG, "a tag")
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if len(value) > MAX_HEADERS:
+            raise ValueError(f"at most {MAX_HEADERS} headers")
+        for key, item in value.items():
+            _bounded(key, MAX_TAG, "a header name")
+            if isinstance(item, str):
+                _bounded(item, MAX_ATTACHMENT, f"header {key[:40]}")
+        return value
 
 
 class NotifyAction(_Frozen):
@@ -64,17 +99,21 @@ class NotifyAction(_Frozen):
     payload: dict[str, Any] | list[Any] | str = Field(default_factory=dict)
     priority: Priority = Priority.NORMAL
 
-    @field_validator("to")
+    @field_validator("to", "type")
     @classmethod
-    def _workspace(cls, value: str) -> str:
-        return workspace_of(value)
+    def _workspace(cls, value: str, info: Any) -> str:
+        _bounded(value, _MAX_NAME, info.field_name)
+        return value if info.field_name == "type" else workspace_of(value)
 
     @field_validator("payload")
     @classmethod
     def _references(cls, value: Any) -> Any:
         import json
 
-        for name in _PLACEHOLDER.findall(json.dumps(value)):
+        encoded = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        if len(encoded.encode("utf-8", "surrogatepass")) > MAX_RULE_PAYLOAD_BYTES:
+            raise ValueError(f"a notify payload is at most {MAX_RULE_PAYLOAD_BYTES} bytes of JSON")
+        for name in _PLACEHOLDER.findall(encoded):
             head, _, rest = name.partition(".")
             if not (name in TEMPLATE_FIELDS or (head in ("headers", "meta") and rest)):
                 raise ValueError(f"unknown reference ${{env.{name}}}")
