@@ -11,7 +11,6 @@ lease, nack and expiry entries off the end of a chain.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +21,6 @@ from agentpost.store import EnvelopeStore
 from agentpost.store.migrations import load, migrate
 from dbtools import connect, rows
 from test_leases import SHORT_TTL, fill, send, topology, wait_past
-
-
-@pytest.fixture
-def pg(dsn: str) -> Iterator[Any]:
-    """The database owner's own connection: what a tamperer with database access has."""
-    conn = connect(dsn)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 @pytest.fixture
