@@ -11,12 +11,43 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agentpost.operators.commands import CommandOperator
+    from agentpost.operators.envelopes import (
+        DirectiveOperator,
+        FeedbackOperator,
+        QueryOperator,
+        SendEnvelopeOperator,
+    )
     from agentpost.operators.inbox import InboxSensor
+    from agentpost.operators.leases import (
+        AckOperator,
+        LeaseOperator,
+        NackOperator,
+        agentpost_task,
+    )
+    from agentpost.operators.marks import GuardedActionOperator, WriteMarkOperator
+    from agentpost.operators.sagas import DagSaga, SagaStepOperator
 
-__all__ = ["CommandOperator", "InboxSensor"]
+_WHERE = {
+    "CommandOperator": "agentpost.operators.commands",
+    "InboxSensor": "agentpost.operators.inbox",
+    "SendEnvelopeOperator": "agentpost.operators.envelopes",
+    "DirectiveOperator": "agentpost.operators.envelopes",
+    "QueryOperator": "agentpost.operators.envelopes",
+    "FeedbackOperator": "agentpost.operators.envelopes",
+    "LeaseOperator": "agentpost.operators.leases",
+    "AckOperator": "agentpost.operators.leases",
+    "NackOperator": "agentpost.operators.leases",
+    "agentpost_task": "agentpost.operators.leases",
+    "WriteMarkOperator": "agentpost.operators.marks",
+    "GuardedActionOperator": "agentpost.operators.marks",
+    "DagSaga": "agentpost.operators.sagas",
+    "SagaStepOperator": "agentpost.operators.sagas",
+}
 
-_WHERE = {"CommandOperator": "agentpost.operators.commands",
-          "InboxSensor": "agentpost.operators.inbox"}
+__all__ = ["AckOperator", "CommandOperator", "DagSaga", "DirectiveOperator", "FeedbackOperator",
+           "GuardedActionOperator", "InboxSensor", "LeaseOperator", "NackOperator",
+           "QueryOperator", "SagaStepOperator", "SendEnvelopeOperator", "WriteMarkOperator",
+           "agentpost_task"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,181 @@
+"""The envelope, lease, mark and saga operators called directly (``execute`` with a stand-in
+task instance), against a real Postgres store per test: fast checks of what a try does, what
+a retry (a second try of the same task instance) does, and how bad input fails. The same
+operators run inside real Airflow in tests/test_airflow_examples.py.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+
+# Airflow reads its configuration once, at first import: point it at a throwaway home first.
+if "AIRFLOW_HOME" not in os.environ:
+    _home = tempfile.mkdtemp(prefix="agentpost-airflow-home-")
+    atexit.register(shutil.rmtree, _home, ignore_errors=True)
+    os.environ["AIRFLOW_HOME"] = _home
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from agentpost.operators import (
+    AckOperator,
+    DirectiveOperator,
+    LeaseOperator,
+    NackOperator,
+    QueryOperator,
+    SendEnvelopeOperator,
+)
+from agentpost.operators.common import client_id
+from agentpost.operators.envelopes import EnvelopeRejected
+from agentpost.protocol.errors import InvalidInput
+from agentpost.protocol.validation import CLIENT_ID
+from agentpost.store import EnvelopeStore
+from test_airflow_inbox import CONN_VAR, connection_json
+from test_leases import BOSS, fill, topology
+
+
+class StandInTI:
+    """What the operators read of a task instance; the store behind them is real."""
+
+    def __init__(self, try_number: int = 1, *, task_id: str = "t", map_index: int = -1,
+                 run_id: str = "manual__2026-01-01T00:00:00+00:00") -> None:
+        self.dag_id, self.task_id, self.run_id = "d", task_id, run_id
+        self.map_index, self.try_number = map_index, try_number
+        self.xcoms: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = value
+
+
+def context(ti: StandInTI) -> dict[str, Any]:
+    return {"ti": ti}
+
+
+def run(op: Any, try_number: int = 1, map_index: int = -1) -> Any:
+    """One try of `op`'s task instance in run `manual__...`; its return value."""
+    return op.execute(context(StandInTI(try_number, task_id=op.task_id,
+                                        map_index=map_index)))
+
+
+@pytest.fixture
+def office(store: EnvelopeStore, dsn: str, monkeypatch: pytest.MonkeyPatch) -> EnvelopeStore:
+    """boss -> w1, w2 (directive, feedback; query back), reached through the connection."""
+    topology(store, ["w1", "w2"])
+    monkeypatch.setenv(CONN_VAR, connection_json(dsn))
+    return store
+
+
+# -- envelopes ----------------------------------------------------------------------------------
+
+
+def test_derived_ids_are_valid_stable_and_distinct() -> None:
+    """Courier §6.4 ids are 1-128 of [A-Za-z0-9._:-]: a run id with '+' or a long dag id is
+    hashed into one; the same parts always give the same id, different parts different."""
+    plain = client_id("d", "t", "scheduled_1")
+    assert plain == "af:d:t:scheduled_1"
+    odd = client_id("d", "t", "manual__2026-01-01T00:00:00+00:00")
+    long = client_id("d" * 300, "t", "r")
+    for made in (odd, long):
+        assert CLIENT_ID.fullmatch(made) and len(made) <= 128
+    assert client_id("d", "t", "manual__2026-01-01T00:00:00+00:00") == odd
+    assert client_id("d", "t", "manual__2026-01-01T00:00:00-00:00") != odd
+    assert client_id("d" * 300, "t", "r", "1") != long
+
+
+def test_a_retried_send_sends_once(office: EnvelopeStore) -> None:
+    """Issue: "a task retry never sends twice": two tries of one task instance return the
+    same envelope id, and w1's inbox holds one envelope; the second try says duplicate."""
+    op = DirectiveOperator(task_id="t", sender=BOSS, to="w1", content="plan the trip",
+                           priority="urgent", tags=["trip"], headers={"ticket": "T-1"})
+    first, second = StandInTI(1), StandInTI(2)
+    sent = op.execute(context(first))
+    assert op.execute(context(second)) == sent
+    assert [e.id for e in office.inbox("w1")] == [sent]
+    envelope = office.get(sent)
+    assert (envelope.type, envelope.priority.value, list(envelope.tags)) == \
+        ("directive", "urgent", ["trip"])
+    assert first.xcoms["send_result"]["duplicate"] is False
+    assert second.xcoms["send_result"]["duplicate"] is True
+    # another map index is another task instance: another envelope
+    op.execute(context(StandInTI(1, map_index=0)))
+    assert len(office.inbox("w1")) == 2
+
+
+def test_a_rejection_fails_with_the_wacp_reason(office: EnvelopeStore) -> None:
+    """A send the matrix refuses (a worker cannot direct its coordinator) fails the task
+    without retries, naming the reason; an unknown type is a rejection too; an unknown sender
+    is a one-line failure, not a traceback of SQL."""
+    with pytest.raises(EnvelopeRejected, match="was rejected: ") as refused:
+        DirectiveOperator(task_id="up", sender="w1", to=BOSS, content="x").execute(
+            context(StandInTI(task_id="up")))
+    assert isinstance(refused.value, AirflowFailException)
+    reason = refused.value.args[0].split("was rejected: ")[1]
+    assert reason and "\n" not in reason
+    with pytest.raises(EnvelopeRejected, match="was rejected: invalid_type"):
+        SendEnvelopeOperator(task_id="t2", sender=BOSS, to="w1", type="no.such.type",
+                             content="x").execute(context(StandInTI(task_id="t2")))
+    with pytest.raises(AirflowFailException, match=r"^t3: NotFound: "):
+        run(QueryOperator(task_id="t3", sender="ghost", to=BOSS, content="?"))
+    assert office.inbox("w1") == [] and office.inbox(BOSS) == []
+
+
+def test_bad_arguments_fail_at_parse_time() -> None:
+    """What can be known when the DAG is parsed is refused then, with a clear message."""
+    with pytest.raises(InvalidInput, match="bad envelope type"):
+        SendEnvelopeOperator(task_id="a", sender="s", to="t", type="", content="x")
+    with pytest.raises(InvalidInput, match="priority must be one of"):
+        DirectiveOperator(task_id="b", sender="s", to="t", content="x", priority="high")
+    with pytest.raises(InvalidInput, match="sends 'directive' envelopes"):
+        DirectiveOperator(task_id="c", sender="s", to="t", content="x", type="query")
+    with pytest.raises(InvalidInput):
+        LeaseOperator(task_id="d", workspace_id="w1", max=0)
+    with pytest.raises(InvalidInput):
+        NackOperator(task_id="e", lease="tok", delay=-1)
+
+
+# -- leases -------------------------------------------------------------------------------------
+
+
+def test_lease_ack_and_nack_one_each(office: EnvelopeStore) -> None:
+    """LeaseOperator's output is one JSON object per lease (what `.expand` maps over); an
+    AckOperator consumes its envelope, a NackOperator gives its back; a retry of either
+    after the first try settled it succeeds without error."""
+    ids = fill(office, "w1", 3)
+    leases = LeaseOperator(task_id="lease", workspace_id="agents/w1/inbox", max=2,
+                           ttl=60).execute(context(StandInTI()))
+    assert [x["envelope_id"] for x in leases] == ids[:2]
+    assert leases[0]["envelope"]["payload"] == "m0" and leases[0]["attempt"] == 1
+    ack = AckOperator(task_id="ack", lease=leases[0])
+    nack = NackOperator(task_id="nack", lease=leases[1]["token"], delay=0)
+    assert ack.execute(context(StandInTI(1))) == ids[0]
+    assert nack.execute(context(StandInTI(1))) == ids[1]
+    assert ack.execute(context(StandInTI(2))) == ids[0]  # retries: already settled
+    assert nack.execute(context(StandInTI(2))) == ids[1]
+    assert office.get(ids[0]).consumed_at is not None
+    assert [e.id for e in office.inbox("w1")] == [ids[2], ids[1]]
+    assert LeaseOperator(task_id="again", workspace_id="w2").execute(
+        context(StandInTI())) == []
+    with pytest.raises(AirflowFailException, match="InvalidInput: malformed lease token"):
+        AckOperator(task_id="bad", lease={"token": "nope"}).execute(context(StandInTI()))
+
+
+def test_an_expired_lease_fails_the_ack(office: EnvelopeStore) -> None:
+    """An ack after the lease ran out and the envelope was leased again is not "settled":
+    it fails (a Conflict: no retry), and the envelope stays with its new holder."""
+    (only,) = fill(office, "w1", 1)
+    (lease,) = LeaseOperator(task_id="lease", workspace_id="w1", ttl=0.2).execute(
+        context(StandInTI()))
+    import time
+
+    time.sleep(0.4)
+    (again,) = office.lease("w1", ttl=60)
+    assert again.envelope.id == only
+    with pytest.raises(AirflowException, match="LeaseLost"):
+        AckOperator(task_id="ack", lease=lease).execute(context(StandInTI()))
+    assert office.get(only).consumed_at is None
