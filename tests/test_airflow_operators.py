@@ -19,20 +19,25 @@ if "AIRFLOW_HOME" not in os.environ:
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 from typing import Any
+from uuid import UUID
 
 import pytest
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
+from agentpost.marks import Agent, PostgresMarkSpace, Scope
 from agentpost.operators import (
     AckOperator,
     DirectiveOperator,
+    GuardedActionOperator,
     LeaseOperator,
     NackOperator,
     QueryOperator,
     SendEnvelopeOperator,
+    WriteMarkOperator,
 )
 from agentpost.operators.common import client_id
 from agentpost.operators.envelopes import EnvelopeRejected
+from agentpost.operators.marks import GuardRefused, stable_agent
 from agentpost.protocol.errors import InvalidInput
 from agentpost.protocol.validation import CLIENT_ID
 from agentpost.store import EnvelopeStore
@@ -179,3 +184,70 @@ def test_an_expired_lease_fails_the_ack(office: EnvelopeStore) -> None:
     with pytest.raises(AirflowException, match="LeaseLost"):
         AckOperator(task_id="ack", lease=lease).execute(context(StandInTI()))
     assert office.get(only).consumed_at is None
+
+
+# -- marks --------------------------------------------------------------------------------------
+
+CALENDAR = [Scope(name="calendar", allowed_intent_verbs=("book",),
+                  allowed_action_verbs=("booked",))]
+
+
+def test_write_mark_through_the_guard_and_the_space(office: EnvelopeStore, dsn: str) -> None:
+    """An observation goes through the guard's write_mark into the named space; a need
+    straight into the space; the marks read back from a PostgresMarkSpace of that name.
+    Intents through the guard are refused at parse time (they need pre_action)."""
+    observed = run(WriteMarkOperator(
+        task_id="observe", agent="weather-bot", scopes=lambda: CALENDAR, space="trips",
+        mark_type="observation", scope="calendar",
+        fields={"topic": "weather", "content": {"sky": "clear"}}))
+    needed = run(WriteMarkOperator(
+        task_id="need", agent="planner", scopes=CALENDAR, space="trips", mark_type="need",
+        scope="calendar", fields={"question": "which hotel?", "blocking": True}, via="space"))
+    with PostgresMarkSpace(dsn, scopes=CALENDAR, space="trips") as marks:
+        observation = marks.get(UUID(observed))
+        need = marks.get(UUID(needed))
+        assert marks.get(UUID(observed)) is not None
+    assert observation.content == {"sky": "clear"}
+    assert observation.agent_id == stable_agent("weather-bot", {}).id
+    assert (need.question, need.blocking) == ("which hotel?", True)
+    with PostgresMarkSpace(dsn, scopes=CALENDAR, space="other") as marks:
+        assert marks.get(UUID(observed)) is None  # another space
+    with pytest.raises(InvalidInput, match="GuardedActionOperator"):
+        WriteMarkOperator(task_id="i", agent="a", scopes=CALENDAR, mark_type="intent",
+                          scope="calendar", fields={"resource": "r", "action": "book"})
+    with pytest.raises(AirflowFailException, match=r"^bad: UnknownScope"):
+        run(WriteMarkOperator(task_id="bad", agent="a", scopes=CALENDAR,
+                              mark_type="observation", scope="nowhere",
+                              fields={"topic": "t"}))
+
+
+def test_guarded_action_runs_only_on_allow(office: EnvelopeStore) -> None:
+    """Markspace §9.2 / P37 in a task: the first agent's callable runs and its result is the
+    XCom; a second agent on the same room is refused: skipped by default, failed with
+    on_refused="fail", the verdict's reason in the message, the callable never called; an
+    agent without permission is DENIED."""
+    calls: list[str] = []
+
+    def book(who: str) -> dict[str, str]:
+        calls.append(who)
+        return {"room": "101", "by": who}
+
+    def guarded(task_id: str, agent: Any, **extra: Any) -> GuardedActionOperator:
+        return GuardedActionOperator(task_id=task_id, agent=agent, scopes=CALENDAR,
+                                     space="trips", scope="calendar", resource="room-101",
+                                     intent_action="book", result_action="booked",
+                                     python_callable=book, op_args=[task_id], **extra)
+
+    ti = StandInTI(task_id="alice")
+    assert guarded("alice", "alice").execute(context(ti)) == {"room": "101", "by": "alice"}
+    assert ti.xcoms["decision"]["verdict"] == "allow"
+    with pytest.raises(AirflowSkipException, match=r"^bob: guard verdict ") as skipped:
+        run(guarded("bob", "bob"))
+    assert "the callable did not run" in str(skipped.value)
+    with pytest.raises(GuardRefused, match=r"^carol: guard verdict (CONFLICT|BLOCKED)"):
+        run(guarded("carol", "carol", on_refused="fail"))
+    with pytest.raises(GuardRefused, match=r"guard verdict DENIED \(authorization\)"):
+        run(guarded("mallory", Agent(name="mallory"), on_refused="fail"))
+    assert calls == ["alice"]
+    with pytest.raises(InvalidInput, match="on_refused"):
+        guarded("x", "x", on_refused="ignore")

@@ -1,0 +1,239 @@
+"""Operators on the Markspace mark space (docs/marks.md): write a mark, and run a side effect
+through the guard so that it happens only when the guard allows it (Markspace §9.2, P37).
+
+**The space.** A `PostgresMarkSpace` in the store's database (the hook's DSN), named by
+`space` (default ``"default"``); many named spaces live side by side there.
+
+**Scopes** are configuration, not data (Markspace §7.1: a scope's rules live with the code
+that uses it), so a DAG author declares them beside the operator: ``scopes=[Scope(...)]``,
+or a callable returning them (called at run time, e.g. to share one list between DAGs
+from a module). Every operator on one space must declare the scopes it touches.
+
+**Agents** must keep their identity across tasks and DAG runs, because the guard tells an
+agent's own intent from another's by its id. Give an `Agent` with a fixed ``id``, or a name:
+`stable_agent` then makes one whose id is derived from the name (uuid5), permitted to write
+what the operator writes in its scope.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Literal
+
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from agentpost.hooks import AgentpostHook
+from agentpost.marks import (
+    Action,
+    Agent,
+    Guard,
+    Intent,
+    MarkType,
+    Need,
+    Observation,
+    PostgresMarkSpace,
+    Scope,
+    Verdict,
+    Warning,
+)
+from agentpost.operators.common import StoreOperator
+from agentpost.protocol.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from airflow.sdk import Context
+
+    from agentpost.marks.guard import GuardDecision
+
+#: the namespace of agent ids derived from names (`stable_agent`)
+AGENT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "agentpost:airflow:agent")
+MARK_CLASSES = {MarkType.INTENT: Intent, MarkType.ACTION: Action,
+                MarkType.OBSERVATION: Observation, MarkType.WARNING: Warning,
+                MarkType.NEED: Need}
+#: what the guard's `write_mark` accepts; intents and actions go through pre/post_action
+GUARDED_WRITES = frozenset({MarkType.OBSERVATION, MarkType.WARNING, MarkType.NEED})
+
+ScopesSpec = Iterable[Scope] | Callable[[], Iterable[Scope]]
+
+
+def stable_agent(name: str, scopes: Mapping[str, Sequence[MarkType | str]]) -> Agent:
+    """An agent whose id is derived from `name`: the same in every task and DAG run."""
+    return Agent(id=uuid.uuid5(AGENT_NAMESPACE, name), name=name,
+                 scopes={scope: tuple(types) for scope, types in scopes.items()})
+
+
+def _scopes_of(spec: ScopesSpec) -> list[Scope]:
+    scopes = list(spec() if callable(spec) else spec)
+    for scope in scopes:
+        if not isinstance(scope, Scope):
+            raise InvalidInput(f"scopes must be Scope objects, not {type(scope).__name__}")
+    return scopes
+
+
+def _check_agent(agent: object) -> Agent | str:
+    if isinstance(agent, Agent) or (isinstance(agent, str) and agent.strip()):
+        return agent
+    raise InvalidInput("agent must be an Agent (with a fixed id) or an agent name")
+
+
+class _MarksOperator(StoreOperator):
+    """The space, the scopes and the agent an operator on marks needs."""
+
+    def __init__(self, *, agent: Agent | str, scopes: ScopesSpec = (),
+                 space: str = "default", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not callable(scopes):
+            scopes = _scopes_of(scopes)  # a bad list is a parse-time error
+        self.agent = _check_agent(agent)
+        self.scopes = scopes
+        self.space = space
+
+    def _agent(self, scope: str, types: Sequence[MarkType]) -> Agent:
+        if isinstance(self.agent, Agent):
+            return self.agent
+        return stable_agent(self.agent, {scope: types})
+
+    @contextmanager
+    def _marks(self) -> Iterator[PostgresMarkSpace]:
+        with self.errors():
+            dsn = AgentpostHook(self.agentpost_conn_id).get_dsn()
+            with PostgresMarkSpace(dsn, scopes=_scopes_of(self.scopes),
+                                   space=self.space) as marks:
+                yield marks
+
+
+class WriteMarkOperator(_MarksOperator):
+    """Writes one mark; returns its id (XCom).
+
+    :param mark_type: ``intent``, ``action``, ``observation``, ``warning`` or ``need``.
+    :param scope: the scope (templated).
+    :param fields: the mark's other fields (templated), e.g. ``{"topic": "weather",
+        "content": {...}}`` for an observation, ``{"question": ..., "blocking": True}`` for a
+        need.
+    :param via: ``"guard"`` (the default): through `Guard.write_mark`, the single enforcement
+        boundary for observations, warnings and needs (budget, barrier, rate limit, envelope);
+        ``"space"``: straight into the space (any type; intents and actions written so skip
+        the guard's conflict resolution: use `GuardedActionOperator` for those).
+    :param agent, scopes, space: see the module docstring.
+    """
+
+    template_fields: Sequence[str] = ("scope", "fields", "agentpost_conn_id")
+    template_fields_renderers = {"fields": "json"}
+    ui_color = "#f2ecd9"
+
+    def __init__(self, *, mark_type: MarkType | str, scope: str,
+                 fields: Mapping[str, Any] | None = None,
+                 via: Literal["guard", "space"] = "guard", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if mark_type not in set(MarkType):
+            raise InvalidInput(f"mark_type must be one of {', '.join(MarkType)}, "
+                               f"not {mark_type!r}")
+        if via not in ("guard", "space"):
+            raise InvalidInput(f"via must be 'guard' or 'space', not {via!r}")
+        if via == "guard" and mark_type not in GUARDED_WRITES:
+            raise InvalidInput(f"a {mark_type} goes through the guard's pre/post action: use "
+                               "GuardedActionOperator, or via='space'")
+        self.mark_type = MarkType(mark_type)
+        self.scope = scope
+        self.fields = dict(fields or {})
+        self.via = via
+
+    def execute(self, context: Context) -> str:
+        with self._marks() as marks:
+            mark = MARK_CLASSES[self.mark_type](scope=self.scope, **self.fields)
+            agent = self._agent(self.scope, (self.mark_type,))
+            if self.via == "guard":
+                mark_id = Guard(marks).write_mark(agent, mark)
+            else:
+                mark_id = marks.write(agent, mark)
+        self.log.info("wrote %s %s in %s/%s via the %s", self.mark_type.value, mark_id,
+                      self.space, self.scope, self.via)
+        return str(mark_id)
+
+
+class GuardRefused(AirflowFailException):
+    """The guard did not allow the action (CONFLICT, BLOCKED or DENIED); nothing ran."""
+
+
+class GuardedActionOperator(_MarksOperator):
+    """Runs `python_callable(*op_args, **op_kwargs)` through `Guard.execute`: the intent is
+    written and checked under the resource's lock, the callable runs only on ALLOW, and its
+    result (a JSON object) is recorded as the action mark and returned as XCom. The decision
+    goes to the XCom key ``decision`` (``verdict``, ``reason``, ``check``, ``intent_id``).
+
+    :param scope, resource: what the action is on (templated).
+    :param intent_action, result_action: the intent's verb and the action's verb.
+    :param on_refused: ``"skip"`` (the default: another agent holds the resource, which is a
+        normal outcome of coordination) or ``"fail"`` (no retries); either way the verdict and
+        its reason are in the log and the exception's message.
+    :param confidence: the intent's confidence (conflict policies weigh it).
+    :param agent, scopes, space: see the module docstring.
+    """
+
+    template_fields: Sequence[str] = ("scope", "resource", "op_args", "op_kwargs",
+                                      "agentpost_conn_id")
+    template_fields_renderers = {"op_args": "py", "op_kwargs": "py"}
+    ui_color = "#f2ecd9"
+
+    def __init__(self, *, python_callable: Callable[..., Any], scope: str, resource: str,
+                 intent_action: str, result_action: str | None = None,
+                 op_args: Collection[Any] | None = None,
+                 op_kwargs: Mapping[str, Any] | None = None, confidence: float = 1.0,
+                 on_refused: Literal["skip", "fail"] = "skip", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not callable(python_callable):
+            raise InvalidInput("python_callable must be callable")
+        if on_refused not in ("skip", "fail"):
+            raise InvalidInput(f"on_refused must be 'skip' or 'fail', not {on_refused!r}")
+        self.python_callable = python_callable
+        self.scope = scope
+        self.resource = resource
+        self.intent_action = intent_action
+        self.result_action = result_action or intent_action
+        self.op_args = list(op_args or ())
+        self.op_kwargs = dict(op_kwargs or {})
+        self.confidence = confidence
+        self.on_refused = on_refused
+
+    def execute(self, context: Context) -> Any:
+        with self._marks() as marks:
+            agent = self._agent(self.scope, (MarkType.INTENT, MarkType.ACTION))
+            decision, result = Guard(marks).execute(
+                agent, self.scope, self.resource, self.intent_action, self.result_action,
+                lambda: self.python_callable(*self.op_args, **self.op_kwargs),
+                confidence=self.confidence)
+        context["ti"].xcom_push(key="decision", value=_decision_json(decision))
+        if decision.verdict is Verdict.ALLOW:
+            self.log.info("guard allowed %s on %s/%s: the callable ran", self.result_action,
+                          self.scope, self.resource)
+            return result
+        message = f"{self.task_id}: {_explain(decision)}"
+        self.log.warning("%s", message)
+        if self.on_refused == "skip":
+            raise AirflowSkipException(message)
+        raise GuardRefused(message)
+
+
+def _decision_json(decision: GuardDecision) -> dict[str, Any]:
+    return {"verdict": decision.verdict.value, "reason": decision.reason,
+            "check": decision.check.value if decision.check else None,
+            "intent_id": str(decision.intent_id) if decision.intent_id else None}
+
+
+def _explain(decision: GuardDecision) -> str:
+    """One line: the verdict, the check that decided, its reason, and who holds the resource."""
+    text = f"guard verdict {decision.verdict.value.upper()}"
+    if decision.check is not None:
+        text += f" ({decision.check.value})"
+    if decision.reason:
+        text += f": {decision.reason}"
+    holder = decision.winning_action or decision.winning_intent
+    if holder is not None:
+        text += f"; held by agent {holder.agent_id}"
+    return text + "; the callable did not run"
+
+
+__all__ = ["GuardRefused", "GuardedActionOperator", "WriteMarkOperator", "stable_agent"]
