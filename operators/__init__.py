@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     )
     from agentpost.operators.marks import GuardedActionOperator, WriteMarkOperator
     from agentpost.operators.sagas import DagSaga, SagaStepOperator
+    from agentpost.operators.setup import TopologyOperator
 
 _WHERE = {
     "CommandOperator": "agentpost.operators.commands",
@@ -42,11 +43,13 @@ _WHERE = {
     "GuardedActionOperator": "agentpost.operators.marks",
     "DagSaga": "agentpost.operators.sagas",
     "SagaStepOperator": "agentpost.operators.sagas",
+    "TopologyOperator": "agentpost.operators.setup",
 }
 
 __all__ = ["AckOperator", "CommandOperator", "DagSaga", "DirectiveOperator", "FeedbackOperator",
            "GuardedActionOperator", "InboxSensor", "LeaseOperator", "NackOperator",
-           "QueryOperator", "SagaStepOperator", "SendEnvelopeOperator", "WriteMarkOperator",
+           "QueryOperator", "SagaStepOperator", "SendEnvelopeOperator", "TopologyOperator",
+           "WriteMarkOperator",
            "agentpost_task"]
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -251,12 +251,19 @@ class SagaRunner:
 
     # ----------------------------------------------------------------- public
 
-    def begin(self, workspace: str, key: str) -> Saga:
+    def begin(self, workspace: str, key: str, *, after: Sequence[str] = ()) -> Saga:
         """Begin the saga ``key`` of ``workspace``, or meet it again (a re-run after a crash
-        or a retry of the whole unit of work: its executed steps replay, never re-execute)."""
+        or a retry of the whole unit of work: its executed steps replay, never re-execute).
+        ``after`` names the steps that come before the next ``step`` call and ran elsewhere
+        (one process per step, as in an Airflow DAG), so the next step takes its position."""
+        names = [_step_name(n) for n in after]
+        if len(set(names)) < len(names):
+            raise InvalidInput("a step name comes twice in after")
         view = self._call("SELECT agentpost.saga_begin(%s, %s, %s)", str(uuid.uuid4()),
                           _name(workspace, "workspace"), _saga_key(key))
-        return Saga(self, view)
+        saga = Saga(self, view)
+        saga._names.extend(names)
+        return saga
 
     def view(self, saga_id: str) -> SagaView:
         return self._call("SELECT agentpost.saga_view(%s)", _ref(saga_id, "saga id"))
