@@ -103,12 +103,14 @@ def test_examples_parse_without_a_store(tmp_path: Path) -> None:
 def test_the_examples_run(store: EnvelopeStore, dsn: str, tmp_path: Path) -> None:
     """The booking saga fails at its third step and compensates the second and the first,
     in that order, visible as tasks; the same saga with the card accepted completes."""
-    results, output = run_dags(tmp_path, dsn, [
+    results, _ = run_dags(tmp_path, dsn, [
         {"name": "declined", "dag_id": "agentpost_booking_saga"},
         {"name": "accepted", "dag_id": "agentpost_booking_saga",
          "conf": {"decline_card": False}},
+        {"name": "route", "dag_id": "agentpost_route_example"},
     ])
     check_booking_saga(store, results)
+    check_route(store, results["route"])
 
 
 def check_booking_saga(store: EnvelopeStore, results: dict[str, Any]) -> None:
@@ -141,3 +143,26 @@ def check_booking_saga(store: EnvelopeStore, results: dict[str, Any]) -> None:
         done = runner.begin("travel-desk",
                             f"airflow/agentpost_booking_saga/{accepted['run_id']}").view()
         assert done.state.value == "completed"
+
+
+def check_route(store: EnvelopeStore, result: dict[str, Any]) -> None:
+    """Three actors, `split` fans out to three words: `shout` and `count` run as three
+    mapped tasks each; the family succeeded, each word enriched by both actors."""
+    from agentpost.factories.routes import root_ids
+    from agentpost.store.routes import RouteStore
+
+    assert result["run"] == "success", result
+    tasks = result["tasks"]
+    assert [t for t in tasks if t.startswith("split[")] == ["split[0]"]
+    assert sorted(t for t in tasks if t.startswith("shout[")) == [f"shout[{i}]" for i in range(3)]
+    assert sorted(t for t in tasks if t.startswith("count[")) == [f"count[{i}]" for i in range(3)]
+    assert set(tasks.values()) == {"success"}, tasks
+    (root,) = root_ids("agentpost_route_example", result["run_id"], 1)
+    family = RouteStore(store).family(root)
+    assert family.status.value == "succeeded" and len(family.members) == 3
+    words = sorted(store.get(m.envelope_id).content for m in family.members)
+    # enrichment: each actor's result is merged onto its input (docs/asya.md)
+    text = {"text": "route me please"}
+    assert sorted((json.loads(w) for w in words), key=lambda p: p["word"]) == [
+        {**text, "word": "ME", "length": 2}, {**text, "word": "PLEASE", "length": 6},
+        {**text, "word": "ROUTE", "length": 5}]
