@@ -57,6 +57,40 @@ print("AGENTPOST-RESULT " + json.dumps(results), flush=True)
 '''
 
 
+NACK_DAG = '''
+"""Written by tests/test_airflow_examples.py: the consume decorator acks what its function
+returned for and nacks what it raised for; a mapped NackOperator delays what is left."""
+from datetime import datetime
+
+from airflow.sdk import dag
+
+from agentpost.operators import (DirectiveOperator, LeaseOperator, NackOperator,
+                                 TopologyOperator, agentpost_task)
+
+
+@dag(schedule=None, start_date=datetime(2026, 1, 1))
+def agentpost_nack_test():
+    setup = TopologyOperator(task_id="setup", workspaces=[("boss-n", "coordinator"),
+                                                          ("w-n", "worker", "boss-n")])
+    send = DirectiveOperator.partial(task_id="send", sender="boss-n", to="w-n").expand(
+        content=["ok", "bad"])
+
+    @agentpost_task.consume(workspace_id="w-n", max=5, nack_delay=0)
+    def handle(envelope, suffix):
+        if envelope.content == "bad":
+            raise ValueError("cannot handle bad")
+        return envelope.content + suffix
+
+    left = LeaseOperator(task_id="lease_left", workspace_id="w-n", max=5,
+                         trigger_rule="all_done")
+    delayed = NackOperator.partial(task_id="delay", delay=3600).expand(lease=left.output)
+    setup >> send >> handle("!") >> left >> delayed
+
+
+agentpost_nack_test()
+'''
+
+
 def run_dags(tmp_path: Path, dsn: str, runs: list[dict[str, Any]],
              extra: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
     """Copy the examples (and `extra` DAG files) into a DAGs folder and run `runs` (each
@@ -64,8 +98,7 @@ def run_dags(tmp_path: Path, dsn: str, runs: list[dict[str, Any]],
     dags = tmp_path / "dags"
     dags.mkdir()
     for name in EXAMPLES:
-        if (ROOT / "dags" / f"{name}.py").exists():  # TEMP while the examples are written
-            shutil.copy(ROOT / "dags" / f"{name}.py", dags)
+        shutil.copy(ROOT / "dags" / f"{name}.py", dags)
     for name, source in (extra or {}).items():
         (dags / name).write_text(source)
     (tmp_path / "runner.py").write_text(RUNNER)
@@ -101,19 +134,26 @@ def test_examples_parse_without_a_store(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_examples_run(store: EnvelopeStore, dsn: str, tmp_path: Path) -> None:
-    """The booking saga fails at its third step and compensates the second and the first,
-    in that order, visible as tasks; the same saga with the card accepted completes."""
+    """Every example and the nack test DAG in one Airflow process; each check below says
+    what it asserts."""
     results, _ = run_dags(tmp_path, dsn, [
         {"name": "declined", "dag_id": "agentpost_booking_saga"},
         {"name": "accepted", "dag_id": "agentpost_booking_saga",
          "conf": {"decline_card": False}},
         {"name": "route", "dag_id": "agentpost_route_example"},
-    ])
+        {"name": "coordinator", "dag_id": "agentpost_coordinator_example"},
+        {"name": "nack", "dag_id": "agentpost_nack_test"},
+    ], extra={"agentpost_nack_test.py": NACK_DAG})
     check_booking_saga(store, results)
     check_route(store, results["route"])
+    check_coordinator(store, results["coordinator"])
+    check_nacks(store, results["nack"])
 
 
 def check_booking_saga(store: EnvelopeStore, results: dict[str, Any]) -> None:
+    """The booking saga fails at its third step and compensates the second and the first,
+    in that order (the saga's trail), visible as tasks; with the card accepted it
+    completes and every undo task is skipped."""
     from agentpost.store.commands import CommandLedger
     from agentpost.store.sagas import SagaRunner
 
@@ -166,3 +206,48 @@ def check_route(store: EnvelopeStore, result: dict[str, Any]) -> None:
     assert sorted((json.loads(w) for w in words), key=lambda p: p["word"]) == [
         {**text, "word": "ME", "length": 2}, {**text, "word": "PLEASE", "length": 6},
         {**text, "word": "ROUTE", "length": 5}]
+
+
+def check_coordinator(store: EnvelopeStore, result: dict[str, Any]) -> None:
+    """Directives to both workers, a query in reply to worker-a's, feedback in reply to the
+    query; every inbox consumed (the query acked by its mapped AckOperator, the directives
+    and the feedback by the workers' consume tasks)."""
+    assert result["run"] == "success", result
+    assert set(result["tasks"].values()) == {"success"}, result["tasks"]
+    directives = {e.to: e for e in (store.get(i) for i in _ids(store, "directive"))
+                  if e.from_ == "coordinator-1"}
+    (query,) = [store.get(i) for i in _ids(store, "query")]
+    (feedback,) = [store.get(i) for i in _ids(store, "feedback")]
+    assert set(directives) == {"worker-a", "worker-b"}
+    assert query.in_reply_to == directives["worker-a"].id
+    assert (feedback.to, feedback.in_reply_to) == ("worker-a", query.id)
+    for envelope in (*directives.values(), query, feedback):
+        assert envelope.consumed_at is not None, envelope
+    for ws in ("coordinator-1", "worker-a", "worker-b"):
+        assert store.inbox(ws) == []
+
+
+def _ids(store: EnvelopeStore, kind: str) -> list[str]:
+    """Ids of every envelope of type `kind`, from the trail."""
+    return sorted({e.envelope_id for e in store.trail(event="envelope_created")
+                   if store.get(e.envelope_id).type == kind})
+
+
+def check_nacks(store: EnvelopeStore, result: dict[str, Any]) -> None:
+    """`handle` acked "ok" (its return value is the XCom) and nacked "bad", failing the try
+    with the handler's error; the mapped NackOperator gave "bad" back with an hour's delay."""
+    assert result["tasks"] == {"setup": "success", "send[0]": "success",
+                               "send[1]": "success", "handle": "failed",
+                               "lease_left": "success", "delay[0]": "success"}, result
+    ok, bad = _by_content(store, "w-n")
+    assert ok.consumed_at is not None
+    assert bad.consumed_at is None and store.leasable("w-n") == 0
+    assert store.next_due("w-n") > 3000  # held back by the nack's delay
+    nacks = [e for e in store.trail(envelope_id=bad.id) if "nack" in e.event]
+    assert len(nacks) == 2, [e.event for e in store.trail(envelope_id=bad.id)]
+
+
+def _by_content(store: EnvelopeStore, ws: str) -> tuple[Any, Any]:
+    found = {store.get(i).content: store.get(i) for i in _ids(store, "directive")
+             if store.get(i).to == ws}
+    return found["ok"], found["bad"]
