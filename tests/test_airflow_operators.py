@@ -32,6 +32,7 @@ from agentpost.operators import (
     LeaseOperator,
     NackOperator,
     QueryOperator,
+    SagaStepOperator,
     SendEnvelopeOperator,
     WriteMarkOperator,
 )
@@ -251,3 +252,36 @@ def test_guarded_action_runs_only_on_allow(office: EnvelopeStore) -> None:
     assert calls == ["alice"]
     with pytest.raises(InvalidInput, match="on_refused"):
         guarded("x", "x", on_refused="ignore")
+
+
+def test_unknown_workspace_fails_with_the_stores_reason(office: EnvelopeStore) -> None:
+    """An unknown workspace is the store's one-line NotFound, not a SQL traceback."""
+    with pytest.raises(AirflowFailException, match=r"^lease: NotFound: .*ghost"):
+        run(LeaseOperator(task_id="lease", workspace_id="ghost"))
+
+
+# -- saga steps ---------------------------------------------------------------------------------
+
+
+def test_a_retried_saga_step_replays_its_command(office: EnvelopeStore) -> None:
+    """A saga step's task retried after its command executed replays the outcome: the
+    handler runs once; the second step takes position 2 in its own process (`after`)."""
+    calls: list[str] = []
+
+    def book(args: dict) -> dict:
+        calls.append(args["item"])
+        return {"booked": args["item"]}
+
+    office.register_type("trip.book", ["coordinator"], ["coordinator"])
+    shared = {"workspace": BOSS, "handlers": {"book": book}, "saga_key": "trip-1",
+              "auto_confirm": "policy:test", "action": "trip.book", "handler": "book"}
+    first = SagaStepOperator(task_id="flight", step="flight", args={"item": "flight"},
+                             **shared)
+    assert run(first, 1) == {"booked": "flight"}
+    assert run(first, 2) == {"booked": "flight"}
+    hotel = SagaStepOperator(task_id="hotel", step="hotel", args={"item": "hotel"},
+                             after=["flight"], **shared)
+    assert run(hotel) == {"booked": "hotel"}
+    assert calls == ["flight", "hotel"]
+    with pytest.raises(InvalidInput, match="no handler named 'nope'"):
+        SagaStepOperator(task_id="x", step="x", **{**shared, "handler": "nope"})
