@@ -17,8 +17,11 @@ server don't collide.
 
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -32,6 +35,14 @@ from agentpost.store import EnvelopeStore
 from agentpost.store.migrations import migrate
 from agentpost.store.server import PostgresServer, discover, dsn_for_database, libpq_dsn
 from dbtools import connect
+
+# Airflow reads its configuration once, at first import: tests that import it get a throwaway
+# home (an AIRFLOW_HOME given by the caller is respected), set before any test module loads.
+if "AIRFLOW_HOME" not in os.environ:
+    _home = tempfile.mkdtemp(prefix="agentpost-airflow-home-")
+    atexit.register(shutil.rmtree, _home, ignore_errors=True)
+    os.environ["AIRFLOW_HOME"] = _home
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 # Tests sign the trail with their own key (and so never warn about the development key).
 os.environ.setdefault("AGENTPOST_TRAIL_KEY", "agentpost-test-trail-key")

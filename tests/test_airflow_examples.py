@@ -9,18 +9,9 @@ store. The store starts empty: each example sets up what it needs in its first t
 
 from __future__ import annotations
 
-import atexit
+import json
 import os
 import shutil
-import tempfile
-
-if "AIRFLOW_HOME" not in os.environ:
-    _home = tempfile.mkdtemp(prefix="agentpost-airflow-home-")
-    atexit.register(shutil.rmtree, _home, ignore_errors=True)
-    os.environ["AIRFLOW_HOME"] = _home
-os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-
-import json
 import subprocess
 import sys
 from pathlib import Path

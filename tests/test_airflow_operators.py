@@ -6,18 +6,6 @@ operators run inside real Airflow in tests/test_airflow_examples.py.
 
 from __future__ import annotations
 
-import atexit
-import os
-import shutil
-import tempfile
-
-# Airflow reads its configuration once, at first import: point it at a throwaway home first.
-if "AIRFLOW_HOME" not in os.environ:
-    _home = tempfile.mkdtemp(prefix="agentpost-airflow-home-")
-    atexit.register(shutil.rmtree, _home, ignore_errors=True)
-    os.environ["AIRFLOW_HOME"] = _home
-os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-
 from typing import Any
 from uuid import UUID
 
