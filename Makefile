@@ -26,6 +26,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 test: venv
 	$(BIN)/ruff check .
+	# tests/test_docker_compose.py runs `docker-compose config`: installed here when missing
+	sh docker/ensure-compose-tool.sh
 	$(BIN)/python -m pytest -q
 
 lint: venv
