@@ -18,7 +18,7 @@ import pytest
 from psycopg2.extensions import parse_dsn
 
 from agentpost.store.server import PostgresServer, libpq_dsn
-from conftest import create_database, drop_database, unique_db_name
+from conftest import fresh_database
 from dbtools import query
 
 AIRFLOW = Path(sys.executable).parent / "airflow"
@@ -26,12 +26,7 @@ AIRFLOW = Path(sys.executable).parent / "airflow"
 
 @pytest.fixture
 def metadata_dsn(pg_server: PostgresServer) -> Iterator[str]:
-    name = unique_db_name("airflow")
-    dsn = create_database(pg_server.dsn, name)
-    try:
-        yield dsn
-    finally:
-        drop_database(pg_server.dsn, name)
+    yield from fresh_database(pg_server, "airflow")
 
 
 def sqlalchemy_url(dsn: str) -> str:

@@ -7,9 +7,11 @@ agentpost.cli."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from agentpost.protocol.errors import InvalidInput
+from agentpost.protocol.registry import EnvelopeType, Role
 
 
 def _cli() -> Any:
@@ -26,6 +28,27 @@ def names(text: str, what: str) -> list[str]:
     return [item for item in items if item]
 
 
+def _listing(args: argparse.Namespace, items: list[Any], line: Callable[[Any], str]) -> int:
+    """Print `items` as JSON (--json) or one tab-separated line each."""
+    if args.json:
+        _cli()._print_json([item.model_dump(mode="json") for item in items])
+    else:
+        for item in items:
+            print(line(item))
+    return 0
+
+
+def _role_line(r: Role) -> str:
+    return f"{r.name}\t{'builtin' if r.builtin else 'defined'}\tlineage={'>'.join(r.lineage)}"
+
+
+def _type_line(t: EnvelopeType) -> str:
+    rows = ",".join(f"{p.sender}>{p.receiver}" for p in t.permissions) or "-"
+    fields = ",".join(t.required_fields) or "-"
+    return (f"{t.name}\t{'builtin' if t.builtin else 'registered'}\trequired={fields}"
+            f"\tpermits={rows}")
+
+
 def cmd_role(args: argparse.Namespace) -> int:
     cli = _cli()
     with cli._store(args) as store:
@@ -33,13 +56,7 @@ def cmd_role(args: argparse.Namespace) -> int:
             cli._print_json(store.define_role(args.name, inherits=args.inherits))
             return 0
         roles = store.roles()
-    if args.json:
-        cli._print_json([r.model_dump(mode="json") for r in roles])
-        return 0
-    for r in roles:
-        kind = "builtin" if r.builtin else "defined"
-        print(f"{r.name}\t{kind}\tlineage={'>'.join(r.lineage)}")
-    return 0
+    return _listing(args, roles, _role_line)
 
 
 def cmd_type(args: argparse.Namespace) -> int:
@@ -52,15 +69,7 @@ def cmd_type(args: argparse.Namespace) -> int:
                 required_fields=names(args.required_fields, "--required-fields")))
             return 0
         types = store.envelope_types()
-    if args.json:
-        cli._print_json([t.model_dump(mode="json") for t in types])
-        return 0
-    for t in types:
-        rows = ",".join(f"{p.sender}>{p.receiver}" for p in t.permissions) or "-"
-        fields = ",".join(t.required_fields) or "-"
-        print(f"{t.name}\t{'builtin' if t.builtin else 'registered'}\trequired={fields}"
-              f"\tpermits={rows}")
-    return 0
+    return _listing(args, types, _type_line)
 
 
 def register(sub: Any) -> None:
