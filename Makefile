@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/uv --version 2>/dev/null | grep -q '^uv $(UV_VERSION)' \
 		|| $(BIN)/python -m pip install --quiet 'uv==$(UV_VERSION)'
-	$(UV_INSTALL) --constraints constraints.txt --build-constraints constraints.txt -e '.[dev]'
+	$(UV_INSTALL) --constraints constraints.txt --build-constraints constraints.txt -e '.[dev,postgres]'
 	# The Spark provider pulls pyspark-client, which overwrites part of pyspark: put it back.
 	# (uninstall + install reuses uv's cached pyspark build; --reinstall would rebuild it)
 	$(BIN)/uv pip uninstall --python $(BIN)/python pyspark
@@ -26,6 +26,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 test: venv
 	$(BIN)/ruff check .
+	# tests/test_docker_compose.py runs `docker-compose config`: installed here when missing
+	sh docker/ensure-compose-tool.sh
 	$(BIN)/python -m pytest -q
 
 lint: venv
@@ -42,6 +44,9 @@ bench: venv
 	$(BIN)/agentpost bench marks
 	$(BIN)/agentpost bench commands
 
-# Re-resolve the full lock after changing dependencies in pyproject.toml.
+# Re-resolve the full lock after changing dependencies in pyproject.toml. The versions already
+# in constraints.txt are kept where they still fit (uv prefers the output file's pins); every
+# extra is locked, so the Docker image (postgres, celery) installs the tested set too.
 constraints: venv
-	$(BIN)/uv pip compile pyproject.toml --extra dev --extra bench --python-version 3.11 -o constraints.txt
+	$(BIN)/uv pip compile pyproject.toml --extra dev --extra bench --extra postgres --extra celery \
+		--python-version 3.11 -o constraints.txt

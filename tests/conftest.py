@@ -140,15 +140,20 @@ def module_dsn(pg_server: PostgresServer, template_db: str) -> Iterator[str]:
     yield from _database_from_template(pg_server, template_db)
 
 
-@pytest.fixture
-def empty_dsn(pg_server: PostgresServer) -> Iterator[str]:
-    """A fresh database without any migrations applied."""
-    name = unique_db_name("empty")
-    dsn = create_database(pg_server.dsn, name)
+def fresh_database(server: PostgresServer, kind: str) -> Iterator[str]:
+    """The DSN of a new, empty database (named after `kind`), dropped afterwards."""
+    name = unique_db_name(kind)
+    dsn = create_database(server.dsn, name)
     try:
         yield dsn
     finally:
-        drop_database(pg_server.dsn, name)
+        drop_database(server.dsn, name)
+
+
+@pytest.fixture
+def empty_dsn(pg_server: PostgresServer) -> Iterator[str]:
+    """A fresh database without any migrations applied."""
+    yield from fresh_database(pg_server, "empty")
 
 
 @pytest.fixture

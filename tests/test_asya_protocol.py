@@ -1,5 +1,5 @@
-"""Asya's envelope routing rules (``../shared/seeds/asya-envelope-routing.md``) on the pure
-route model `agentpost.protocol.routes`. Each test quotes the rule it checks in its
+"""Asya's envelope routing rules (Asya actor framework, "envelope and routing semantics") on
+the pure route model `agentpost.protocol.routes`. Each test quotes the rule it checks in its
 docstring; where the spec says "for all" the test is a hypothesis test. The readings where
 the spec leaves room are those of the module docstring of agentpost.protocol.routes."""
 

@@ -270,12 +270,14 @@ def build_parser() -> argparse.ArgumentParser:
     from agentpost.commands_cli import register as register_commands
     from agentpost.gateway.cli import register as register_gateway
     from agentpost.inbox_cli import register as register_inbox
+    from agentpost.registry_cli import register as register_registry
     from agentpost.routes_cli import register as register_routes
 
     register_inbox(sub)
     register_gateway(sub)
     register_commands(sub)
     register_routes(sub)
+    register_registry(sub)
     return parser
 
 

@@ -1,29 +1,60 @@
 """Airflow provider metadata (entry point `apache_airflow_provider`): the connection type
-`agentpost`, its hook, the inbox sensor, the command operator and their triggers."""
+`agentpost` and the modules holding the provider's hooks, operators, sensors, triggers and
+extra links.
+
+Modules are listed, not classes, as Airflow's own providers list them. Every module of the
+installed package that defines one of these classes must appear under its kind:
+tests/test_provider_info.py walks the package and names any module missing here.
+"""
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
+
+DISTRIBUTION = "airflow-agentpost"
+INTEGRATION = "agentpost"
+DEFAULT_CONN_NAME = "agentpost_default"
+
+HOOK_MODULES = ["agentpost.hooks.agentpost"]
+OPERATOR_MODULES = ["agentpost.operators.commands"]
+SENSOR_MODULES = ["agentpost.operators.inbox"]
+TRIGGER_MODULES = ["agentpost.triggers", "agentpost.command_triggers"]
+#: class paths of BaseOperatorLink subclasses (none yet)
+EXTRA_LINKS: list[str] = []
+#: the project's documentation, as paths in the repository (Airflow's "how-to-guide" form)
+DOCS = ["/docs/airflow.md", "/docs/api.md", "/docs/design.md"]
+
+
+def _version() -> str:
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:  # a source tree on sys.path without the distribution
+        return "0+unknown"
+
+
+def _modules(modules: list[str]) -> list[dict[str, Any]]:
+    return [{"integration-name": INTEGRATION, "python-modules": list(modules)}]
 
 
 def get_provider_info() -> dict[str, Any]:
     return {
-        "package-name": "airflow-agentpost",  # the distribution's name
+        "package-name": DISTRIBUTION,
         "name": "agentpost",
         "description": "Agent coordination over a Postgres envelope store.",
-        "integrations": [{"integration-name": "agentpost", "tags": ["protocol"]}],
-        "hooks": [{"integration-name": "agentpost", "python-modules": ["agentpost.hooks"]}],
-        "sensors": [{"integration-name": "agentpost",
-                     "python-modules": ["agentpost.operators.inbox"]}],
-        "operators": [{"integration-name": "agentpost",
-                       "python-modules": ["agentpost.operators.commands"]}],
-        "triggers": [{"integration-name": "agentpost",
-                      "python-modules": ["agentpost.triggers",
-                                         "agentpost.command_triggers"]}],
+        "versions": [_version()],
+        "integrations": [{"integration-name": INTEGRATION, "tags": ["protocol"],
+                          "how-to-guide": list(DOCS)}],
+        "hooks": _modules(HOOK_MODULES),
+        "operators": _modules(OPERATOR_MODULES),
+        "sensors": _modules(SENSOR_MODULES),
+        "triggers": _modules(TRIGGER_MODULES),
+        "extra-links": list(EXTRA_LINKS),
         "connection-types": [{
             "hook-class-name": "agentpost.hooks.AgentpostHook",
             "hook-name": "agentpost",
             "connection-type": "agentpost",
+            "default-conn-name": DEFAULT_CONN_NAME,
             "ui-field-behaviour": {
                 "hidden-fields": [],
                 "relabeling": {"schema": "Database"},

@@ -1,4 +1,4 @@
-"""agentpost.marks: Markspace coordination (../shared/seeds/markspace-spec.md).
+"""agentpost.marks: Markspace coordination ("Markspace Coordination Protocol: Specification").
 
 The DSL of spec §12.1, the spaces, and the functions and classes the spec names are
 re-exported here, so code written against the spec's examples runs with

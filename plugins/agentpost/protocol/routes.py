@@ -1,4 +1,4 @@
-"""Asya actor routes (``../shared/seeds/asya-envelope-routing.md``), pure and without I/O.
+"""Asya actor routes (Asya actor framework, "envelope and routing semantics"), pure, no I/O.
 
 A routed envelope carries a route: an ordered tuple of actors and the index of the current
 one. An actor's *result* decides what happens next (`step`):

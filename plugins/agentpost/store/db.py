@@ -59,6 +59,9 @@ def translate(exc: psycopg2.Error) -> AgentpostError:
         return _ERRORS[code](message)
     if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError) and code is None:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "connection lost"
+        if "FATAL:" in first:  # the server answered and said no (login, database, limits)
+            return StoreUnavailable(f"the agentpost store refused the connection: "
+                                    f"{one_line(first)}")
         return StoreUnavailable(f"cannot reach the agentpost store: {first}")
     if code == "3F000" or code == "42P01":
         return ConfigurationError("the agentpost schema is missing: run `agentpost migrate`")

@@ -31,6 +31,7 @@ from agentpost.protocol.models import (
     Workspace,
     WorkspaceState,
 )
+from agentpost.protocol.registry import EnvelopeType, Permission, Role
 from agentpost.protocol.trail import ChainCheck, StoredEntry
 from agentpost.protocol.validation import DraftRow, draft_fields, normalize_draft, sanitize
 from agentpost.store.anchor import check_anchor, take_checkpoint
@@ -176,6 +177,17 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
 
     def workspaces(self) -> list[Workspace]:
         return [_workspace(r) for r in self.db.fetchall(QUERIES["workspaces"])]
+
+    def roles(self) -> list[Role]:
+        """Every role, built-in or defined, by name."""
+        return [Role(name=n, inherits=i, lineage=tuple(lineage), builtin=b)
+                for n, i, lineage, b in self.db.fetchall(QUERIES["roles"])]
+
+    def envelope_types(self) -> list[EnvelopeType]:
+        """Every registered envelope type with its rows of the permission matrix, by name."""
+        return [EnvelopeType(name=n, required_fields=tuple(fields), builtin=b,
+                             permissions=tuple(Permission(**row) for row in rows))
+                for n, fields, b, rows in self.db.fetchall(QUERIES["envelope_types"])]
 
     # -- sending ------------------------------------------------------------------------
 

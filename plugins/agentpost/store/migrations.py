@@ -27,6 +27,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import psycopg2
+from psycopg2.extensions import parse_dsn
 
 from agentpost.protocol.errors import ConfigurationError
 from agentpost.store.db import translate
@@ -36,7 +37,11 @@ __all__ = [
     "AppliedMigration",
     "Migration",
     "MigrationError",
+    "SchemaBehind",
+    "SchemaMissing",
+    "SchemaStatus",
     "applied",
+    "check_schema",
     "load",
     "migrate",
     "pending",
@@ -64,6 +69,15 @@ Source = str | Path | Traversable | None
 
 class MigrationError(ConfigurationError):
     """The migrations cannot be applied as they are (bad files, edited files, SQL errors)."""
+
+
+class SchemaMissing(ConfigurationError):
+    """The database answers but holds no agentpost schema: nobody ran the migrations."""
+
+
+class SchemaBehind(ConfigurationError):
+    """The database's agentpost schema lacks migrations this package ships: the code would
+    call functions or columns that are not there yet."""
 
 
 @dataclass(frozen=True)
@@ -113,9 +127,9 @@ def load(source: Source = None) -> list[Migration]:
     return [found[v] for v in sorted(found)]
 
 
-def _connect(dsn: str):
+def _connect(dsn: str, **options: object):
     try:
-        return psycopg2.connect(libpq_dsn(dsn))
+        return psycopg2.connect(libpq_dsn(dsn), **options)
     except psycopg2.Error as exc:
         raise translate(exc) from None
 
@@ -164,22 +178,91 @@ def applied(dsn: str) -> list[AppliedMigration]:
     conn = _connect(dsn)
     try:
         with conn, conn.cursor() as cur:
-            cur.execute("SELECT to_regclass('agentpost.schema_migrations') IS NOT NULL")
-            if not cur.fetchone()[0]:
-                return []
-            cur.execute(
-                "SELECT version, name, checksum, applied_at"
-                " FROM agentpost.schema_migrations ORDER BY version"
-            )
-            return [AppliedMigration(*row) for row in cur.fetchall()]
+            return _applied(cur) or []
     finally:
         conn.close()
+
+
+def _applied(cur) -> list[AppliedMigration] | None:
+    """The recorded migrations; None when there is no agentpost schema at all."""
+    cur.execute("SELECT to_regclass('agentpost.schema_migrations') IS NOT NULL")
+    if not cur.fetchone()[0]:
+        return None
+    cur.execute("SELECT version, name, checksum, applied_at"
+                " FROM agentpost.schema_migrations ORDER BY version")
+    return [AppliedMigration(*row) for row in cur.fetchall()]
+
+
+@dataclass(frozen=True)
+class SchemaStatus:
+    """What `check_schema` found: a store the package can work with."""
+
+    database: str
+    server_version: str
+    applied: int  # migrations recorded
+    latest: str  # the newest migration this package ships
+    newer: tuple[str, ...] = ()  # recorded migrations this package does not ship
+
+    def summary(self) -> str:
+        text = (f"database {self.database!r} on PostgreSQL {self.server_version}: agentpost "
+                f"schema up to date ({self.applied} migrations, latest {self.latest})")
+        if self.newer:
+            text += (f"; it also has {len(self.newer)} migration(s) newer than this package "
+                     f"({self.newer[-1]}): upgrade the package")
+        return text
+
+
+def check_schema(dsn: str, *, connect_timeout: int = 10,
+                 source: Source = None) -> SchemaStatus:
+    """Connect once and check that the database at ``dsn`` holds the agentpost schema with
+    every migration this package ships (a read-only probe; it never migrates).
+
+    Raises StoreUnavailable (cannot connect: host down, wrong password, no such database),
+    SchemaMissing, or SchemaBehind, each with a one-line message that says what to do.
+    ``connect_timeout`` applies unless the DSN sets its own.
+    """
+    options: dict[str, object] = {"application_name": "agentpost-check"}
+    if "connect_timeout" not in _dsn_keys(dsn):
+        options["connect_timeout"] = connect_timeout
+    shipped = load(source)
+    conn = _connect(dsn, **options)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute("SELECT current_database(), current_setting('server_version')")
+            database, version = cur.fetchone()
+            recorded = _applied(cur)
+    except psycopg2.Error as exc:
+        raise translate(exc) from None
+    finally:
+        conn.close()
+    if recorded is None:
+        raise SchemaMissing(f"database {database!r} has no agentpost schema: run "
+                            "`agentpost migrate` against it")
+    done = {m.version for m in recorded}
+    missing = [m.name for m in shipped if m.version not in done]
+    if missing:
+        raise SchemaBehind(
+            f"the agentpost schema in database {database!r} is behind this package: "
+            f"{len(missing)} migration(s) not applied (first {missing[0]}): run "
+            "`agentpost migrate`")
+    known = {m.version for m in shipped}
+    return SchemaStatus(database=database, server_version=version, applied=len(recorded),
+                        latest=shipped[-1].name if shipped else "-",
+                        newer=tuple(m.name for m in recorded if m.version not in known))
 
 
 def pending(dsn: str, *, source: Source = None) -> list[str]:
     """Names of the migrations in ``source`` that the database at ``dsn`` has not recorded."""
     done = {m.version for m in applied(dsn)}
     return [m.name for m in load(source) if m.version not in done]
+
+
+def _dsn_keys(dsn: str) -> set[str]:
+    """The options a DSN sets (none when libpq cannot parse it: connecting will say why)."""
+    try:
+        return set(parse_dsn(libpq_dsn(dsn)))
+    except psycopg2.Error:
+        return set()
 
 
 def _lock(cur) -> None:

@@ -316,3 +316,19 @@ SELECT a.chain, t.hash, coalesce(h.chain_seq, 0)
   LEFT JOIN agentpost.trail t ON t.chain = a.chain AND t.chain_seq = a.seq
   LEFT JOIN LATERAL (SELECT x.chain_seq FROM agentpost.trail x WHERE x.chain = a.chain
                       ORDER BY x.chain_seq DESC LIMIT 1) h ON true
+
+-- name: roles
+SELECT name, inherits, lineage, builtin
+  FROM agentpost.roles
+ ORDER BY name
+
+-- name: envelope_types
+SELECT t.name, t.required_fields, t.builtin,
+       coalesce(jsonb_agg(jsonb_build_object('sender', p.sender_role,
+                                             'receiver', p.receiver_role)
+                          ORDER BY p.sender_role, p.receiver_role)
+                FILTER (WHERE p.type IS NOT NULL), '[]')
+  FROM agentpost.envelope_types t
+  LEFT JOIN agentpost.permissions p ON p.type = t.name
+ GROUP BY t.name
+ ORDER BY t.name

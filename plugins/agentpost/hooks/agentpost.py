@@ -15,6 +15,10 @@ AGENTPOST_DSN, so a deployment configured for the CLI works in Airflow unchanged
 
 The connection form's labels and placeholders are declared in the provider info
 (``ui-field-behaviour``), not here: hook methods for them are deprecated since Airflow 3.2.
+
+`get_store` and `test_connection` (the form's Test button) probe the store once before use:
+unreachable, refused or not migrated, the error names the connection it came from, so a task
+log says which connection to fix instead of showing a failure deep inside a protocol step.
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ from urllib.parse import quote, urlencode
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from agentpost.protocol.errors import ConfigurationError
+from agentpost.protocol.errors import AgentpostError, ConfigurationError
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
     from agentpost.store import EnvelopeStore
+    from agentpost.store.migrations import SchemaStatus
 
 #: extra keys passed through to libpq as URI query parameters
 LIBPQ_OPTIONS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout",
@@ -51,6 +56,12 @@ class StoreTarget:
         from agentpost.store import EnvelopeStore
 
         return EnvelopeStore(self.dsn, trail_key=self.trail_key)
+
+    def check(self) -> SchemaStatus:
+        """Reach the store once and check its schema (see `check_schema`)."""
+        from agentpost.store.migrations import check_schema
+
+        return check_schema(self.dsn)
 
 
 def _host(host: str) -> str:
@@ -92,6 +103,15 @@ def _from_environment(conn_id: str) -> StoreTarget:
     return StoreTarget(dsn=dsn, trail_key=None, source="AGENTPOST_DSN")
 
 
+def _blame(exc: AgentpostError, conn_id: str, source: str) -> AgentpostError:
+    """The same error, its message prefixed with where the store's address came from."""
+    if source == "AGENTPOST_DSN":
+        where = f"agentpost store from AGENTPOST_DSN (connection {conn_id!r} is not defined)"
+    else:
+        where = f"agentpost connection {conn_id!r}"
+    return type(exc)(f"{where}: {exc}")
+
+
 class AgentpostHook(BaseHook):
     """Opens the agentpost envelope store named by an Airflow connection.
 
@@ -108,6 +128,7 @@ class AgentpostHook(BaseHook):
         super().__init__(**kwargs)
         self.agentpost_conn_id = agentpost_conn_id
         self._target: StoreTarget | None = None
+        self._checked = False
 
     # -- resolution -----------------------------------------------------------------------
 
@@ -149,10 +170,35 @@ class AgentpostHook(BaseHook):
 
     # -- the store ------------------------------------------------------------------------
 
-    def get_store(self) -> EnvelopeStore:
-        """A new EnvelopeStore on the connection's database; the caller closes it."""
+    def check_store(self) -> SchemaStatus:
+        """Reach the store and check that its schema is current; typed errors
+        (ConfigurationError, StoreUnavailable and their kin) name the connection."""
+        target = self.get_target()  # its errors already name the connection
+        try:
+            return target.check()
+        except AgentpostError as exc:
+            raise _blame(exc, self.agentpost_conn_id, target.source) from None
+
+    def get_store(self, *, check: bool = True) -> EnvelopeStore:
+        """A new EnvelopeStore on the connection's database; the caller closes it.
+
+        The first call on a hook checks the store (`check_store`, one short connection), so
+        an unreachable or unmigrated store fails here, naming the connection; ``check=False``
+        skips the check."""
+        if check and not self._checked:
+            self.check_store()
+            self._checked = True
         return self.get_target().open()
 
     def get_conn(self) -> EnvelopeStore:
         """BaseHook's name for `get_store`."""
         return self.get_store()
+
+    def test_connection(self) -> tuple[bool, str]:
+        """The connection form's Test button (and `airflow connections test`): whether the
+        store answers with a current schema, and a one-line message saying so or why not."""
+        try:
+            status = self.check_store()
+        except AgentpostError as exc:
+            return False, str(exc)
+        return True, f"agentpost connection {self.agentpost_conn_id!r}: {status.summary()}"
