@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 OUTSIDE = re.compile(r"\.\./shared|/work/(?:shared|main|wt)\b")
 #: applied migrations are never edited (agentpost.store.migrations checks their checksums)
 FROZEN = {"sql/0009_routes.sql"}
+CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -46,7 +47,8 @@ def test_markdown_links_resolve_inside_the_repository() -> None:
         if not name.endswith(".md"):
             continue
         source = REPO / name
-        for target in LINK.findall(source.read_text(encoding="utf-8")):
+        text = CODE.sub("", source.read_text(encoding="utf-8"))  # `x[i](y)` is code, not a link
+        for target in LINK.findall(text):
             if re.match(r"[a-z]+:", target) or target.startswith("#"):
                 continue  # a URL or an anchor in the same page
             resolved = (source.parent / target.split("#", 1)[0]).resolve()

@@ -17,7 +17,10 @@ INTEGRATION = "agentpost"
 DEFAULT_CONN_NAME = "agentpost_default"
 
 HOOK_MODULES = ["agentpost.hooks.agentpost"]
-OPERATOR_MODULES = ["agentpost.operators.commands"]
+OPERATOR_MODULES = ["agentpost.operators.commands", "agentpost.operators.common",
+                    "agentpost.operators.envelopes", "agentpost.operators.leases",
+                    "agentpost.operators.marks", "agentpost.operators.sagas",
+                    "agentpost.operators.setup"]
 SENSOR_MODULES = ["agentpost.operators.inbox"]
 TRIGGER_MODULES = ["agentpost.triggers", "agentpost.command_triggers"]
 #: class paths of BaseOperatorLink subclasses (none yet)
