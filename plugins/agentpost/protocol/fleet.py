@@ -501,7 +501,7 @@ def _output_problems(fleet: Fleet, spec: AgentDef,
             yield f"output envelope to unknown workspace {out.to!r}"
         elif spec.workspace is None:
             yield "sends envelopes but has no workspace to send from"
-        else:
+        elif spec.workspace in workspaces:  # (an unknown one is reported already)
             sender = fleet.lineage(workspaces[spec.workspace].role)
             receiver = fleet.lineage(workspaces[out.to].role)
             if not any(s in sender and r in receiver for s, r in rows):

@@ -117,8 +117,8 @@ Planned = Iterator[tuple[str, "Change | str"]]
 
 
 def _plan_roles(fleet: Fleet, state: _State) -> Planned:
-    for index, role in enumerate(_roles_in_order(fleet)):
-        where = f"roles[{index}] ({role.name})"
+    for role in _roles_in_order(fleet):
+        where = f"roles[{fleet.roles.index(role)}] ({role.name})"
         if role.name not in state.roles:
             yield where, Change("role", role.name, "create",
                                 f"inherits {role.inherits}" if role.inherits else "")
@@ -162,8 +162,8 @@ def _pairs(rows: list[tuple[str, str, str]]) -> str:
 
 
 def _plan_workspaces(fleet: Fleet, state: _State) -> Planned:
-    for index, ws in enumerate(_workspaces_in_order(fleet)):
-        where = f"workspaces[{index}] ({ws.id})"
+    for ws in _workspaces_in_order(fleet):
+        where = f"workspaces[{fleet.workspaces.index(ws)}] ({ws.id})"
         wanted = {"role": ws.role, "parent": ws.parent,
                   "originator": effective_originator(fleet, ws), "delegation": ws.delegation}
         stored = state.workspaces.get(ws.id)
