@@ -1,4 +1,5 @@
-"""Example: the agents of dags/fleet.yaml as DAGs, one per agent (agentpost.factories.fleet).
+"""Example: the agents of dags/fleet.yaml as Airflow DAGs, one per agent
+(agentpost.factories.fleet).
 
 The drivers and the weather poller are source agents: each runs every interval of its
 manifest, one activation at a time (Markspace §14, P56). Their code is named in the fleet

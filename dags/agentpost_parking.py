@@ -1,4 +1,4 @@
-"""Example: the resolution boundary of the parking scope of dags/fleet.yaml.
+"""Example: the resolution boundary of the parking scope of dags/fleet.yaml, as an Airflow DAG.
 
 The drivers (dags/agentpost_fleet_agents.py) write intents on spots; the scope is deferred
 (Markspace §6.2), so they wait. Every minute this DAG resolves every spot with pending

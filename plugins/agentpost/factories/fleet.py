@@ -11,7 +11,8 @@ Each activation is one task, ``activate``, that opens the store through the hook
 the agent's code with an `AgentContext`: the store, the fleet's mark space, a Guard over it,
 the agent's workspace, its Markspace Agent (a stable id, the same in every process) and its
 manifest. The code is a function ``fn(ctx) -> JSON-able`` named in the manifest as
-``module:function`` (imported when the DAG is built, so a missing module fails the parse) or
+``module:function`` (imported when the DAG is built, so a missing module fails the parse;
+the fleet file's directory is on the path) or
 given to the factory in Python (``callables={"driver-a": park}``), which wins. Its return
 value is the task's XCom.
 
@@ -23,9 +24,11 @@ store can tell (the fleet was never applied) fails the task with the store's rea
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentpost.factories.common import (
@@ -125,6 +128,7 @@ def _import_callable(fleet: Fleet, spec: AgentDef) -> AgentCallable:
         raise FleetError(fleet.source, where, "names no callable (module:function) and the "
                          "factory was given none")
     module_name, _, attr = spec.callable.partition(":")
+    _beside_the_file(fleet)
     try:
         found = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
@@ -134,11 +138,22 @@ def _import_callable(fleet: Fleet, spec: AgentDef) -> AgentCallable:
     return found
 
 
+def _beside_the_file(fleet: Fleet) -> None:
+    """Agent code may live next to its fleet file (in the DAGs folder, usually on sys.path
+    anyway): that directory goes at the end of sys.path, shadowing nothing."""
+    home = Path(fleet.source).resolve().parent
+    if Path(fleet.source).is_file() and str(home) not in sys.path:
+        sys.path.append(str(home))
+
+
 def _schedule(fleet: Fleet, spec: AgentDef, conn_id: str) -> Any:
     if spec.kind == "source":
         return timedelta(seconds=spec.interval or 0)
     if spec.kind == "reactive":
-        return [inbox_asset(fleet, spec, inbox, conn_id) for inbox in spec.inboxes]
+        from airflow.sdk import AssetAny
+
+        # any of its inboxes wakes it (a list would wait for all of them)
+        return AssetAny(*(inbox_asset(fleet, spec, inbox, conn_id) for inbox in spec.inboxes))
     return None
 
 
