@@ -64,13 +64,11 @@ import agentpost_fleet_agents
 import agentpost_maintenance
 import agentpost_parking
 
-dags = {d.dag_id: d for m in (agentpost_fleet_agents, agentpost_parking, agentpost_maintenance)
-        for d in vars(m).values() if isinstance(d, DAG)}
-if os.environ.get("AGENTPOST_TEST_GHOST"):
-    from agentpost.factories.fleet import agent_dag
+import ghost_agent
 
-    ghost = agent_dag(os.environ["AGENTPOST_TEST_GHOST"], "ghost", fn=lambda ctx: "never")
-    dags[ghost.dag_id] = ghost
+dags = {d.dag_id: d for m in (agentpost_fleet_agents, agentpost_parking, agentpost_maintenance,
+                              ghost_agent)
+        for d in vars(m).values() if isinstance(d, DAG)}
 
 home = Path(os.environ["AIRFLOW_HOME"])
 if not (home / "initialized").exists():
@@ -95,33 +93,39 @@ for step in json.loads(os.environ["AGENTPOST_TEST_STEPS"]):
 '''
 
 
-def run_steps(home: Path, dsn: str, steps: list[dict[str, Any]],
-              **env: str) -> tuple[list[dict[str, Any]], str]:
+def private_airflow(tmp_path: Path, dsn: str, **env: str) -> dict[str, str]:
+    """airflow_env() with a copy of the repository's dags/ as its DAGs folder (dag.test()
+    serializes a DAG from its bundle, the DAGs folder) and the runner beside it."""
+    shutil.copytree(DAGS, tmp_path / "dags", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "runner.py").write_text(RUNNER)
+    environment = airflow_env(tmp_path, dsn)
+    environment.update(AGENTPOST_TEST_DAGS=str(tmp_path / "dags"), **env)
+    return environment
+
+GHOST_DAG = '''
+"""Written by tests/test_fleet_airflow.py: an Airflow DAG of an agent whose fleet file
+(ghost.yaml) was never applied to the store."""
+from pathlib import Path
+
+from agentpost.factories.fleet import agent_dag
+
+ghost = agent_dag(Path(__file__).with_name("ghost.yaml"), "ghost", fn=lambda ctx: "never")
+'''
+
+
+def run_steps(environment: dict[str, str], steps: list[dict[str, Any]]
+              ) -> tuple[list[dict[str, Any]], str]:
     """Run `steps` ({"dag": id, "conf": {...}}) in one dag.test() subprocess; each step's
     result and the whole output."""
-    (home / "runner.py").write_text(RUNNER)
-    environment = airflow_env(home, dsn) if not (home / "airflow-home").exists() else None
-    environment = environment or _reuse_env(home, dsn)
-    environment.update(AGENTPOST_TEST_DAGS=str(DAGS), AGENTPOST_TEST_STEPS=json.dumps(steps),
-                       **env)
-    proc = subprocess.run([sys.executable, str(home / "runner.py")], env=environment,
+    home = Path(environment["AIRFLOW_HOME"]).parent
+    proc = subprocess.run([sys.executable, str(home / "runner.py")],
+                          env={**environment, "AGENTPOST_TEST_STEPS": json.dumps(steps)},
                           cwd=home, capture_output=True, text=True, timeout=600, check=False)
     output = proc.stdout + proc.stderr
     results = [json.loads(line.removeprefix("AGENTPOST-STEP "))
                for line in proc.stdout.splitlines() if line.startswith("AGENTPOST-STEP ")]
     assert proc.returncode == 0 and len(results) == len(steps), output[-6000:]
     return results, output
-
-
-def _reuse_env(home: Path, dsn: str) -> dict[str, str]:
-    """airflow_env() for a home already created (it refuses to create one twice)."""
-    target = home / "again"
-    target.mkdir(exist_ok=True)
-    environment = airflow_env(target, dsn)
-    environment.update(AIRFLOW_HOME=str(home / "airflow-home"),
-                       AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=
-                       f"sqlite:///{home / 'airflow-home' / 'airflow.db'}")
-    return environment
 
 
 # -- parse time -----------------------------------------------------------------------------------
@@ -309,13 +313,21 @@ def test_fleet_dags_under_dag_test(city: EnvelopeStore, dsn: str, tmp_path: Path
        verifying against the first's checkpoint; an agent of a fleet that was never applied
        fails with the store's reason, not a SQL traceback.
     """
+    environment = private_airflow(tmp_path, dsn,
+                                  AGENTPOST_CHECKPOINT_DIR=str(tmp_path / "checkpoints"))
+    ghost = tmp_path / "dags" / "ghost.yaml"
+    ghost.write_text(yaml.safe_dump({
+        "name": "ghosts", "workspaces": [{"id": "ghost", "role": "worker"}],
+        "agents": [{"name": "ghost", "workspace": "ghost"}]}))
+    (tmp_path / "dags" / "ghost_agent.py").write_text(GHOST_DAG)
+
     first = in_processes(dsn, [["driver-a"], ["driver-c"]], "spot-9")
     assert first == [[("blocked", None)], [("blocked", None)]]
 
     listener = connect(dsn)
     try:
         rows(listener, "LISTEN agentpost_verdict")
-        results, _ = run_steps(tmp_path, dsn, [
+        results, _ = run_steps(environment, [
             {"dag": "boundary_city", "conf": {"resource": "spot-9", "scopes": ["parking"]}}])
         heard = _notifications(listener, 2)
     finally:
@@ -331,18 +343,12 @@ def test_fleet_dags_under_dag_test(city: EnvelopeStore, dsn: str, tmp_path: Path
     assert after == [[("blocked", "driver-c")], [("allow", None)]]
 
     fleet = load_fleet(EXAMPLE)
-    ghost = tmp_path / "ghost.yaml"
-    ghost.write_text(yaml.safe_dump({
-        "name": "ghosts", "workspaces": [{"id": "ghost", "role": "worker"}],
-        "agents": [{"name": "ghost", "workspace": "ghost"}]}))
     boundary_step = {"dag": "boundary_city"}
     steps = [*drivers(), boundary_step, *drivers(), boundary_step, *drivers(), boundary_step,
              *drivers(), {"dag": "agent_city_weather-poller"},
              {"dag": "agentpost_maintenance"}, {"dag": "agentpost_maintenance"},
              {"dag": "agent_ghosts_ghost"}]
-    results, output = run_steps(tmp_path, dsn, steps,
-                                AGENTPOST_CHECKPOINT_DIR=str(tmp_path / "checkpoints"),
-                                AGENTPOST_TEST_GHOST=str(ghost))
+    results, output = run_steps(environment, steps)
     outcome = [(r["dag"].removeprefix("agent_city_"), r["xcom"].get("activate"))
                for r in results[:15]]
     assert outcome == [
