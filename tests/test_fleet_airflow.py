@@ -396,8 +396,15 @@ def holders(dsn: str, fleet: Any) -> dict[str, list[str]]:
         space.close()
 
 
-def test_fleet_from_dict_is_what_the_factories_use() -> None:
-    """A Fleet object works wherever a path does (a DAG file may build its fleet in code)."""
+def test_a_fleet_object_works_where_a_path_does_and_is_checked_the_same() -> None:
+    """A DAG file may build its fleet in code: a Fleet object gives the same DAGs, and one
+    built directly (bypassing the file's checks) is checked as a file would be."""
+    from agentpost.protocol.fleet import Fleet
+
     fleet = fleet_from_dict(example(), "in-code")
     assert sorted(agent_dags(fleet, kinds=["source"])) == sorted(
         agent_dags(EXAMPLE, kinds=["source"]))
+    data = example()
+    data["agents"][0]["workspace"] = "nowhere"
+    with pytest.raises(FleetError, match="agents\\[0\\] \\(driver-a\\): unknown workspace"):
+        agent_dags(Fleet.model_validate(data))

@@ -102,11 +102,12 @@ def run_boundary(dsn: str, fleet: Fleet, scopes: Iterable[str] | None = None,
 def _chosen(fleet: Fleet, scopes: Iterable[str] | None) -> list[Any]:
     deferred = {s.name: s for s in fleet.deferred_scopes()}
     names = list(deferred) if scopes is None else list(scopes)
-    unknown = [n for n in names if n not in deferred]
-    if unknown or not names:
-        raise InvalidInput(f"{unknown[0]!r} is not a deferred scope of fleet {fleet.name!r} "
-                           f"(its deferred scopes: {', '.join(deferred)})" if unknown
-                           else "no scope to resolve")
+    if not names:
+        raise InvalidInput("no scope to resolve")
+    for name in names:
+        if name not in deferred:
+            raise InvalidInput(f"{name!r} is not a deferred scope of fleet {fleet.name!r} "
+                               f"(its deferred scopes: {', '.join(deferred)})")
     return [deferred[n] for n in names]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agentpost.protocol.errors import AgentpostError, StoreUnavailable
-from agentpost.protocol.fleet import Fleet, load_fleet
+from agentpost.protocol.fleet import Fleet, checked, load_fleet
 
 #: a fixed start in the past: with catchup off, the first run is the next one due
 START_DATE = datetime(2026, 1, 1)
@@ -20,8 +20,9 @@ FleetLike = Fleet | str | Path
 
 
 def fleet_of(fleet: FleetLike) -> Fleet:
-    """A Fleet, read from its file when given a path (at parse time: the file only)."""
-    return fleet if isinstance(fleet, Fleet) else load_fleet(fleet)
+    """A Fleet, read from its file when given a path (at parse time: the file only); one
+    given as an object is checked as a file would be."""
+    return checked(fleet) if isinstance(fleet, Fleet) else load_fleet(fleet)
 
 
 def dag_kwargs(**given: Any) -> dict[str, Any]:

@@ -320,11 +320,17 @@ def fleet_from_dict(data: object, source: str = "<fleet>") -> Fleet:
         first = exc.errors()[0]
         raise FleetError(source, _entry(data, first["loc"]), _problem(first)) from None
     fleet._source = source
+    return checked(fleet)
+
+
+def checked(fleet: Fleet) -> Fleet:
+    """`fleet` if its entries agree with each other, else FleetError for the first problem
+    (a Fleet built directly, not from a file, has had its fields checked only)."""
     problems = list(check_references(fleet))
     if problems:
         entry, problem = problems[0]
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-        raise FleetError(source, entry, problem + more)
+        raise FleetError(fleet.source, entry, problem + more)
     return fleet
 
 
@@ -534,6 +540,7 @@ __all__ = [
     "TypeDef",
     "WorkspaceDef",
     "check_references",
+    "checked",
     "effective_originator",
     "fleet_from_dict",
     "load_fleet",

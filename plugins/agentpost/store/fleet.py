@@ -15,7 +15,7 @@ first activation; a changed subscription is replaced, which drops its queue (P48
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,13 +130,23 @@ def _plan_roles(fleet: Fleet, state: _State) -> Planned:
 
 def _roles_in_order(fleet: Fleet) -> list[Any]:
     """The file's roles, each after the role it inherits (built-ins exist already)."""
-    done, ordered = set(BUILTIN_ROLES), []
-    pending = [r for r in fleet.roles if r.name not in BUILTIN_ROLES]
+    mine = [r for r in fleet.roles if r.name not in BUILTIN_ROLES]
+    return _parents_first(mine, lambda r: r.name, lambda r: r.inherits, set(BUILTIN_ROLES))
+
+
+def _parents_first(items: list[Any], key: Callable[[Any], str],
+                   parent: Callable[[Any], str | None], done: set[str]) -> list[Any]:
+    """`items` in an order where each comes after its parent (the file is checked acyclic,
+    and parents outside `items` are in `done`)."""
+    ordered: list[Any] = []
+    pending = list(items)
     while pending:
-        ready = [r for r in pending if r.inherits is None or r.inherits in done]
+        ready = [i for i in pending if parent(i) is None or parent(i) in done]
+        if not ready:
+            raise ValueError("parent references form a cycle")  # validated before: never
         ordered += ready
-        done |= {r.name for r in ready}
-        pending = [r for r in pending if r not in ready]
+        done = done | {key(i) for i in ready}
+        pending = [i for i in pending if i not in ready]
     return ordered
 
 
@@ -179,16 +189,8 @@ def _plan_workspaces(fleet: Fleet, state: _State) -> Planned:
 
 
 def _workspaces_in_order(fleet: Fleet) -> list[WorkspaceDef]:
-    """Parents before their children (the file's references are checked acyclic)."""
-    done: set[str] = set()
-    ordered: list[WorkspaceDef] = []
-    pending = list(fleet.workspaces)
-    while pending:
-        ready = [w for w in pending if w.parent is None or w.parent in done]
-        ordered += ready
-        done |= {w.id for w in ready}
-        pending = [w for w in pending if w not in ready]
-    return ordered
+    """Parents before their children."""
+    return _parents_first(list(fleet.workspaces), lambda w: w.id, lambda w: w.parent, set())
 
 
 def _plan_subscriptions(fleet: Fleet, state: _State) -> Planned:
