@@ -63,7 +63,8 @@ class FleetPlan:
 
 @dataclass
 class _State:
-    """What the store holds of the registry and of the fleet's subscriptions."""
+    """What the store holds of the registry (the fleet's types and workspaces only: a
+    store may hold many more) and of the fleet's subscriptions."""
 
     roles: dict[str, str | None]
     types: dict[str, list[str]]
@@ -86,11 +87,13 @@ def _read_state(store: EnvelopeStore, fleet: Fleet) -> _State:
         types={n: list(f) for n, f in db.fetchall(
             "SELECT name, required_fields FROM agentpost.envelope_types")},
         permissions=set(db.fetchall(
-            "SELECT type, sender_role, receiver_role FROM agentpost.permissions")),
+            "SELECT type, sender_role, receiver_role FROM agentpost.permissions"
+            " WHERE type = ANY (%s)", ([t.name for t in fleet.types],))),
         workspaces={r[0]: {"role": r[1], "parent": r[2], "originator": r[3],
                            "delegation": r[4]}
                     for r in db.fetchall("SELECT id, role, parent, originator, delegation"
-                                         " FROM agentpost.workspaces")},
+                                         " FROM agentpost.workspaces WHERE id = ANY (%s)",
+                                         ([w.id for w in fleet.workspaces],))},
         subscriptions=subscriptions,
     )
 
