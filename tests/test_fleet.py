@@ -324,3 +324,18 @@ def test_checkpoints_rotate_and_verification_catches_a_cut_trail(
         verify_against_latest(store, directory)
     assert "\n" not in str(caught.value) and "chain system" in str(caught.value)
     assert path.name in str(caught.value)
+
+
+def test_the_documented_example_is_the_shipped_one() -> None:
+    """docs/fleet.md's complete example parses, and each of its entries is the shipped
+    dags/fleet.yaml's (the doc elides some drivers, it does not differ)."""
+    text = (ROOT / "docs" / "fleet.md").read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    documented = yaml.safe_load(block)
+    fleet_from_dict(documented, "docs/fleet.md")
+    shipped = example()
+    for key, value in documented.items():
+        if isinstance(value, list):
+            assert all(entry in shipped[key] for entry in value), key
+        else:
+            assert shipped[key] == value, key
