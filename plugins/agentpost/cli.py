@@ -268,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="multiply the number of operations measured")
     bench.set_defaults(func=cmd_bench)
     from agentpost.commands_cli import register as register_commands
+    from agentpost.fleet_cli import register as register_fleet
     from agentpost.gateway.cli import register as register_gateway
     from agentpost.inbox_cli import register as register_inbox
     from agentpost.registry_cli import register as register_registry
@@ -278,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_commands(sub)
     register_routes(sub)
     register_registry(sub)
+    register_fleet(sub)
     return parser
 
 

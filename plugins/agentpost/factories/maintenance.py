@@ -1,0 +1,142 @@
+"""The store's housekeeping as a DAG: sweeps, then the trail checked and checkpointed.
+
+Three tasks, in order:
+
+1. ``maintain``: `agentpost.store.maintenance.maintain` (what ``agentpost maintain`` runs):
+   expired leases returned, due redeliveries, rule firings, stuck commands failed
+   (``executor_lost``), timed-out routes moved to error-end, VACUUM ANALYZE;
+2. ``verify``: `verify_trail(anchor=...)` against the newest checkpoint kept so far (the
+   previous run's), so a chain cut short or rewritten since is caught; without one, the
+   hashes and signatures alone. A failure fails the task, and no new checkpoint blesses the
+   trail;
+3. ``checkpoint``: `store.checkpoint()` (signed chain heads), written outside the database
+   to ``<checkpoint_dir>/checkpoint-<taken_at>.json``, keeping the newest ``keep`` files; the
+   checkpoint is also the task's XCom (and its path the XCom ``path``).
+
+``checkpoint_dir`` and ``keep`` come from the factory's arguments, and a manual trigger may
+override them as params.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agentpost.factories.common import DEFAULT_CONN_ID, dag_kwargs, store_errors
+from agentpost.protocol.errors import AgentpostError, InvalidInput
+
+if TYPE_CHECKING:
+    from airflow.sdk import DAG
+
+    from agentpost.protocol.anchor import Checkpoint
+
+PREFIX, SUFFIX = "checkpoint-", ".json"
+
+
+def maintenance_dag(*, checkpoint_dir: str | Path | None = None, keep: int = 10,
+                    schedule: Any = timedelta(minutes=5), vacuum: bool = True,
+                    agentpost_conn_id: str = DEFAULT_CONN_ID,
+                    dag_id: str = "agentpost_maintenance", **dag_args: Any) -> DAG:
+    """The maintenance DAG: maintain >> verify >> checkpoint, every `schedule`."""
+    from airflow.sdk import DAG, Param, get_current_context, task
+
+    if keep < 1:
+        raise InvalidInput("keep must be at least 1: verify needs the previous checkpoint")
+    params = {
+        "checkpoint_dir": Param(None if checkpoint_dir is None else str(checkpoint_dir),
+                                type=["null", "string"],
+                                description="where checkpoints are kept (outside the store)"),
+        "keep": Param(keep, type="integer", minimum=1,
+                      description="how many checkpoints to keep"),
+    }
+
+    def store() -> Any:
+        from agentpost.hooks import AgentpostHook
+
+        return AgentpostHook(agentpost_conn_id).get_store()
+
+    def directory() -> Path:
+        value = get_current_context()["params"].get("checkpoint_dir")
+        if not value:
+            raise InvalidInput("no checkpoint directory: give the factory checkpoint_dir= "
+                               "or trigger with the param checkpoint_dir")
+        return Path(value)
+
+    with DAG(dag_id=dag_id, schedule=schedule, params=params,
+             description="agentpost sweeps, trail verification and signed checkpoints",
+             **dag_kwargs(**{"tags": ["agentpost", "maintenance"], **dag_args})) as dag:
+
+        @task(task_id="maintain")
+        def maintain() -> dict[str, Any]:
+            from agentpost.store.maintenance import maintain as sweep
+
+            with store_errors("maintenance"), store() as opened:
+                return sweep(opened, vacuum=vacuum)
+
+        @task(task_id="verify")
+        def verify() -> dict[str, Any]:
+            with store_errors("trail verification"), store() as opened:
+                return verify_against_latest(opened, directory())
+
+        @task(task_id="checkpoint")
+        def checkpoint() -> dict[str, Any]:
+            context = get_current_context()
+            with store_errors("trail checkpoint"), store() as opened:
+                taken = opened.checkpoint()
+                path = save_checkpoint(taken, directory(), int(context["params"]["keep"]))
+            context["ti"].xcom_push(key="path", value=str(path))
+            return taken.to_dict()
+
+        maintain() >> verify() >> checkpoint()
+    return dag
+
+
+def checkpoints(directory: Path) -> list[Path]:
+    """The checkpoint files of `directory`, oldest first (their names sort by time)."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir()
+                  if p.name.startswith(PREFIX) and p.name.endswith(SUFFIX))
+
+
+def save_checkpoint(checkpoint: Checkpoint, directory: Path, keep: int) -> Path:
+    """Write `checkpoint` whole (a temporary file, then renamed) and delete all but the
+    newest `keep` checkpoint files."""
+    from agentpost.cli import _write_file
+
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInput(f"cannot create {directory}: {exc.strerror or exc}") from None
+    stamp = checkpoint.taken_at.replace("-", "").replace(":", "")
+    path = directory / f"{PREFIX}{stamp}{SUFFIX}"
+    _write_file(str(path), checkpoint.to_json())
+    for old in checkpoints(directory)[:-keep]:
+        os.unlink(old)
+    return path
+
+
+def verify_against_latest(store: Any, directory: Path) -> dict[str, Any]:
+    """`verify_trail` against the newest checkpoint in `directory` (none: unanchored).
+    Raises TrailCheckFailed (one line) when the trail does not verify."""
+    kept = checkpoints(directory)
+    anchor = kept[-1].read_text(encoding="utf-8") if kept else None
+    result = store.verify_trail(anchor=anchor)
+    summary = {"ok": result.ok, "entries": result.entries, "chains": result.chains,
+               "anchor": kept[-1].name if kept else None}
+    if not result.ok:
+        raise TrailCheckFailed(
+            f"{result.failure} (chain {result.failure_chain}, seq {result.failure_seq}); "
+            f"{result.failures} failure(s) in all, checked against "
+            f"{summary['anchor'] or 'no checkpoint'}")
+    return summary
+
+
+class TrailCheckFailed(AgentpostError):
+    """The trail does not verify, or no longer reaches the previous checkpoint."""
+
+
+__all__ = ["TrailCheckFailed", "checkpoints", "maintenance_dag", "save_checkpoint",
+           "verify_against_latest"]

@@ -1,0 +1,341 @@
+"""Fleet files (docs/fleet.md): the model refuses bad files whole, in one line; applying one
+is idempotent and refuses what the store cannot change in place, writing nothing; the CLI;
+verdict notifications (sql/0060); the maintenance DAG's checkpoint files and verification.
+
+Against the real store (a fresh database per test, tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import select
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agentpost.cli import main
+from agentpost.factories.boundary import run_boundary
+from agentpost.factories.maintenance import (
+    TrailCheckFailed,
+    checkpoints,
+    save_checkpoint,
+    verify_against_latest,
+)
+from agentpost.fleet import FleetConflict, FleetError, apply, fleet_from_dict, load_fleet, plan
+from agentpost.marks import Action, Guard, Verdict
+from agentpost.marks.postgres import PostgresMarkSpace
+from agentpost.protocol.errors import InvalidInput
+from agentpost.store import EnvelopeStore
+from dbtools import connect, rows
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "dags" / "fleet.yaml"
+
+
+def example() -> dict[str, Any]:
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def trail_size(store: EnvelopeStore) -> int:
+    return len(store.trail(limit=10_000))
+
+
+# -- the model --------------------------------------------------------------------------------
+
+
+def test_the_example_fleet_declares_agents_with_stable_ids() -> None:
+    """Markspace §13.2/§14.1: each manifest becomes an Agent whose id is the same in every
+    process (the boundary and the agents must agree on it), with its outputs, permissions and
+    interval; kinds follow the schedule."""
+    fleet, again = load_fleet(EXAMPLE), load_fleet(EXAMPLE)
+    assert [a.kind for a in fleet.agents] == ["source"] * 4 + ["reactive"]
+    driver = fleet.agent("driver-a")
+    assert driver.id == again.agent("driver-a").id != fleet.agent("driver-b").id
+    assert driver.manifest.schedule_interval == 300.0
+    assert driver.can_write("parking", "intent") and not driver.can_write("weather", "intent")
+    assert [o.mark_type.value for o in driver.manifest.outputs] == ["intent", "action"]
+    assert fleet.agent_def("dispatcher").inboxes == ("dispatch",)
+    assert [s.name for s in fleet.deferred_scopes()] == ["parking"]
+
+
+def _edit(path: str, value: Any) -> dict[str, Any]:
+    """The example with one entry replaced (path like 'agents.0.workspace'); None deletes."""
+    data = copy.deepcopy(example())
+    *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
+    node: Any = data
+    for part in parents:
+        node = node[part]
+    if value is None:
+        del node[last]
+    else:
+        node[last] = value
+    return data
+
+
+BAD = [
+    ("name", "bad name!", "name: String should match pattern"),
+    ("version", 2, "version: Input should be 1"),
+    ("agents.0.workspace", "drvier-a", "agents[0] (driver-a): unknown workspace 'drvier-a'"),
+    ("agents.0.schedule", "5 parsecs", "agents[0] (driver-a).schedule: '5 parsecs' is not a"),
+    ("agents.0.schedule", 0, "agents[0] (driver-a).schedule: a duration must be > 0"),
+    ("agents.0.inputs", [{"scope": "parking", "mark_typ": "action"}],
+     "agents[0] (driver-a).inputs[0].mark_typ: unknown field"),
+    ("agents.0.outputs", [{"envelope": "parking.report"}],
+     "agents[0] (driver-a).outputs[0].to: missing (required)"),
+    ("agents.0.outputs", [{"envelope": "parking.reprot", "to": "dispatch"}],
+     "output envelope type 'parking.reprot' is not defined"),
+    ("agents.3.outputs", [{"envelope": "parking.report", "to": "dispatch"}],
+     "may not send 'parking.report' from 'weather-station' to 'dispatch'"),
+    ("agents.0.outputs", [{"scope": "weather", "mark_type": "observation"}],
+     "may not write it (Markspace P54)"),
+    ("agents.0.scopes", {"parkin": ["intent"]}, "unknown scope 'parkin'"),
+    ("agents.0.callable", "not a ref", "agents[0] (driver-a).callable: String should match"),
+    ("agents.4.inputs", [{"inbox": "nowhere"}], "input inbox 'nowhere' is not a workspace"),
+    ("agents.4", {"name": "dispatcher", "schedule": "reactive"},
+     "agents[4] (dispatcher): a reactive agent needs an inbox"),
+    ("roles.1.inherits", "wroker", "roles[1] (driver): inherits unknown role 'wroker'"),
+    ("roles.0.inherits", "dispatcher", "roles[0] (dispatcher): its inheritance is a cycle"),
+    ("types.0.senders", ["drivers"], "types[0] (parking.report): unknown role 'drivers'"),
+    ("types.0.senders", [], "types[0] (parking.report).senders: Tuple should have at least"),
+    ("workspaces.1.role", "pilot", "workspaces[1] (driver-a): unknown role 'pilot'"),
+    ("workspaces.1.parent", "hq", "workspaces[1] (driver-a): unknown parent workspace 'hq'"),
+    ("workspaces.0.parent", "driver-a", "workspaces[0] (dispatch): its parents form a cycle"),
+    ("workspaces.2.id", "driver-a", "workspaces[2] (driver-a): 'driver-a' is defined twice"),
+    ("scopes.0.conflict_policy", "loudest", "scopes[0] (parking).conflict_policy: Input"),
+    ("scopes.0.colour", "red", "scopes[0] (parking).colour: unknown field"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "expected"), BAD, ids=[b[0] + "=" + str(b[1])
+                                                                 for b in BAD])
+def test_a_bad_fleet_file_is_refused_in_one_line_naming_the_entry(
+        path: str, value: Any, expected: str) -> None:
+    """A bad fleet file: a one-line error naming the file, the entry and the problem."""
+    with pytest.raises(FleetError) as caught:
+        fleet_from_dict(_edit(path, value), "fleet.yaml")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("fleet.yaml: ")
+    assert expected in message, message
+
+
+def test_yaml_problems_are_one_line_with_their_line(tmp_path: Path) -> None:
+    """A duplicated key would silently drop half an entry in plain PyYAML: refused, with its
+    line; so are broken YAML, a document that is not a mapping, and a missing file."""
+    cases = {
+        "name: a\nspace: b\nname: c\n": "dup.yaml: line 3: not valid YAML: duplicate key 'name'",
+        "name: [a\n": "dup.yaml: line 2: not valid YAML:",
+        "- a\n- b\n": "dup.yaml: a fleet file is a mapping",
+    }
+    for text, expected in cases.items():
+        (tmp_path / "dup.yaml").write_text(text)
+        with pytest.raises(FleetError) as caught:
+            load_fleet(tmp_path / "dup.yaml")
+        assert str(caught.value).startswith(str(tmp_path / expected)), str(caught.value)
+    with pytest.raises(FleetError, match=r"missing\.yaml: cannot read it: No such file"):
+        load_fleet(tmp_path / "missing.yaml")
+
+
+# -- applying ---------------------------------------------------------------------------------
+
+
+def test_apply_creates_the_fleet_and_a_second_apply_changes_nothing(
+        store: EnvelopeStore, dsn: str) -> None:
+    """Applying is idempotent: the first apply defines roles, types (the matrix), workspaces
+    and subscriptions; the second plans nothing and writes nothing (not one trail entry), and
+    marks queued for a subscriber stay queued."""
+    fleet = load_fleet(EXAMPLE)
+    first = apply(store, fleet)
+    kinds = [(c.kind, c.name) for c in first.changes]
+    assert kinds[:3] == [("role", "dispatcher"), ("role", "driver"), ("role", "sensor")]
+    assert ("workspace", "driver-c") in kinds and ("subscription", "driver-a") in kinds
+    assert kinds.index(("workspace", "dispatch")) < kinds.index(("workspace", "driver-a"))
+    assert {w.id: w.role for w in store.workspaces()}["driver-b"] == "driver"
+    # the matrix as declared: a driver reports to the dispatcher, with the required field
+    assert store.send("driver-a", "dispatch", "parking.report", {"spot": "s1"},
+                      format="json").status != "rejected"
+    refused = store.send("driver-a", "dispatch", "parking.report", {"lot": 1}, format="json")
+    assert refused.status == "rejected"
+    assert store.send("dispatch", "driver-a", "weather.update", "x").status == "rejected"
+
+    space = PostgresMarkSpace(dsn, scopes=fleet.scopes, space=fleet.space)
+    try:
+        space.write(fleet.agent("driver-b"), Action(scope="parking", resource="spot-1",
+                                                    action="parked"))
+        entries = trail_size(store)
+        again = apply(store, fleet)
+        assert again.empty and again.changes == []
+        assert trail_size(store) == entries
+        assert [m.resource for m in space.get_watched_marks(fleet.agent("driver-a"))] == [
+            "spot-1"], "a second apply must not drop the subscriber's queue"
+    finally:
+        space.close()
+
+
+def test_a_change_the_store_cannot_make_is_refused_and_nothing_is_written(
+        store: EnvelopeStore) -> None:
+    """A changed definition the store cannot change in place (a workspace's role, a role's
+    parent, a type's required fields) is a clear error found before any write: the new role
+    and workspace of the same file are not created."""
+    apply(store, load_fleet(EXAMPLE))
+    entries = trail_size(store)
+    for path, value, words in [
+        ("workspaces.4.role", "driver", "workspaces[4] (weather-station): the store's "
+         "workspace 'weather-station' has role 'sensor', the file says 'driver'; a "
+         "workspace's role cannot change in place"),
+        ("workspaces.1.originator", "alice", "has originator 'system', the file says 'alice'"),
+        ("roles.1.inherits", "observer", "roles[1] (driver): the store's role 'driver' "
+         "inherits 'worker', the file says 'observer'"),
+        ("types.0.required_fields", ["spot", "plate"], "types[0] (parking.report): the "
+         "store's type 'parking.report' requires fields ['spot']"),
+        ("workspaces.1.delegation", True, "has delegation False, the file says True"),
+    ]:
+        data = _edit(path, value)
+        data["agents"] = [a for a in data["agents"] if a["name"] != "weather-poller"]
+        data["roles"].append({"name": "valet", "inherits": "worker"})
+        data["workspaces"].append({"id": "valet-1", "role": "valet"})
+        changed = fleet_from_dict(data, "fleet.yaml")
+        with pytest.raises(FleetConflict) as caught:
+            apply(store, changed)
+        assert str(caught.value).startswith("fleet.yaml: "), str(caught.value)
+        assert words in str(caught.value), str(caught.value)
+        assert "valet-1" not in {w.id for w in store.workspaces()}
+        assert trail_size(store) == entries
+
+
+def test_dry_run_and_additions(store: EnvelopeStore) -> None:
+    """--dry-run plans and writes nothing; adding a sender to a type later adds just its
+    permission rows; dropping an agent's watch patterns removes its subscription."""
+    fleet = load_fleet(EXAMPLE)
+    planned = apply(store, fleet, dry_run=True)
+    assert len(planned.changes) > 10 and store.workspaces() == []
+    apply(store, fleet)
+    data = example()
+    data["types"][1]["senders"].append("driver")
+    del data["agents"][0]["inputs"]
+    grown = plan(store, fleet_from_dict(data, "fleet.yaml"))
+    assert [str(c) for c in grown.changes] == [
+        "add permission weather.update: driver -> dispatcher",
+        "remove subscription driver-a"]
+    apply(store, fleet_from_dict(data, "fleet.yaml"))
+    assert store.send("driver-a", "dispatch", "weather.update", "rain").status != "rejected"
+    assert plan(store, fleet_from_dict(data, "fleet.yaml")).empty
+
+
+def test_cli_fleet_show_and_apply(dsn: str, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`agentpost fleet show FILE` validates without a store; `fleet apply FILE` applies,
+    says so, and the second time says nothing changed; a bad file exits 2 with one line
+    naming the file and entry, before any store is opened."""
+    assert main(["fleet", "show", str(EXAMPLE)]) == 0
+    shown = capsys.readouterr().out
+    assert "agent     driver-a (source, every 300 s)" in shown
+    assert "agent     dispatcher (reactive, on its inbox dispatch)" in shown
+
+    assert main(["--dsn", dsn, "fleet", "apply", "--dry-run", str(EXAMPLE)]) == 0
+    assert "would apply (dry run)" in capsys.readouterr().out
+    assert main(["--dsn", dsn, "fleet", "apply", str(EXAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert "  create workspace driver-a: role driver, parent dispatch" in out
+    assert main(["--dsn", dsn, "fleet", "apply", str(EXAMPLE)]) == 0
+    assert "nothing to change: the store already holds this fleet" in capsys.readouterr().out
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(EXAMPLE.read_text().replace("parent: dispatch", "parent: hq", 1))
+    assert main(["--dsn", "postgresql://nowhere.invalid/x", "fleet", "apply", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"agentpost: {bad}: workspaces[1] (driver-a): unknown parent workspace "
+                   "'hq'\n")
+
+
+# -- boundaries and their notifications ----------------------------------------------------------
+
+
+def test_a_boundary_notifies_each_verdict(store: EnvelopeStore, dsn: str) -> None:
+    """sql/0060: every verdict a boundary stores is announced on `agentpost_verdict` at its
+    commit, so a waiting agent's sensor wakes; the boundary's summary names the winner (the
+    highest confidence, Markspace P15) and each agent's verdict."""
+    fleet = load_fleet(EXAMPLE)
+    apply(store, fleet)
+    space = PostgresMarkSpace(dsn, scopes=fleet.scopes, space=fleet.space)
+    listener = connect(dsn)
+    try:
+        guard = Guard(space)
+        for name, confidence in (("driver-a", 0.5), ("driver-b", 0.9)):
+            decision = guard.pre_action(fleet.agent(name), "parking", "spot-7", "park",
+                                        confidence)
+            assert decision.verdict is Verdict.BLOCKED
+        rows(listener, "LISTEN agentpost_verdict")
+        summary = run_boundary(dsn, fleet)
+        heard = _notifications(listener, 2)
+    finally:
+        listener.close()
+        space.close()
+    assert summary == [{"scope": "parking", "resource": "spot-7", "winner": "driver-b",
+                        "verdicts": {"driver-a": "blocked", "driver-b": "allow"}}]
+    ids = {str(fleet.agent(n).id): n for n in ("driver-a", "driver-b")}
+    assert sorted((ids[p["agent_id"]], p["allowed"]) for p in heard) == [
+        ("driver-a", False), ("driver-b", True)]
+    assert {(p["space"], p["scope"], p["resource"]) for p in heard} == {
+        ("city", "parking", "spot-7")}
+    with pytest.raises(InvalidInput, match="'weather' is not a deferred scope of fleet"):
+        run_boundary(dsn, fleet, scopes=["weather"])
+
+
+def _notifications(conn: Any, count: int, within: float = 10.0) -> list[dict[str, Any]]:
+    import json
+
+    heard: list[dict[str, Any]] = []
+    deadline = time.monotonic() + within
+    while len(heard) < count and time.monotonic() < deadline:
+        select.select([conn], [], [], 0.5)
+        conn.poll()
+        heard += [json.loads(n.payload) for n in conn.notifies]
+        conn.notifies.clear()
+    return heard
+
+
+# -- maintenance: checkpoints kept outside the database ------------------------------------------
+
+
+def test_checkpoints_rotate_and_verification_catches_a_cut_trail(
+        store: EnvelopeStore, pg: Any, tmp_path: Path) -> None:
+    """The maintenance DAG's checkpoint files: the newest `keep` are kept; verification is
+    against the newest, so a trail cut since (the last registry entry and its role deleted,
+    which verify_trail() alone cannot see) fails in one line."""
+    directory = tmp_path / "checkpoints"
+    assert verify_against_latest(store, directory)["anchor"] is None
+    for k in range(4):
+        store.define_role(f"role-{k}")
+        path = save_checkpoint(store.checkpoint(), directory, keep=3)
+        time.sleep(0.002)
+    assert [p.name for p in checkpoints(directory)][-1] == path.name
+    assert len(checkpoints(directory)) == 3
+    assert verify_against_latest(store, directory) == {
+        "ok": True, "entries": trail_size(store), "chains": 1, "anchor": path.name}
+    rows(pg, "DELETE FROM agentpost.trail WHERE id = (SELECT id FROM agentpost.trail"
+             " WHERE chain = 'system' ORDER BY chain_seq DESC LIMIT 1)")
+    rows(pg, "DELETE FROM agentpost.roles WHERE name = 'role-3'")
+    assert store.verify_trail().ok
+    with pytest.raises(TrailCheckFailed) as caught:
+        verify_against_latest(store, directory)
+    assert "\n" not in str(caught.value) and "chain system" in str(caught.value)
+    assert path.name in str(caught.value)
+
+
+def test_the_documented_example_is_the_shipped_one() -> None:
+    """docs/fleet.md's complete example parses, and each of its entries is the shipped
+    dags/fleet.yaml's (the doc elides some drivers, it does not differ)."""
+    text = (ROOT / "docs" / "fleet.md").read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    documented = yaml.safe_load(block)
+    fleet_from_dict(documented, "docs/fleet.md")
+    shipped = example()
+    for key, value in documented.items():
+        if isinstance(value, list):
+            assert all(entry in shipped[key] for entry in value), key
+        else:
+            assert shipped[key] == value, key
