@@ -412,16 +412,15 @@ class AirflowRuntime:
         return list(found.values())
 
     def stop(self, grace: float = STOP_GRACE) -> None:
-        """Stop every process started: SIGINT to each process group of the session, then
-        SIGTERM, then SIGKILL, each after `grace` seconds; then the metadata database (if
-        asked) and a temporary home. Idempotent; a second Ctrl-C skips to SIGKILL."""
+        """Stop every process started: SIGINT to standalone (its clean stop), then SIGTERM
+        and at last SIGKILL to every process group of the session, each after `grace`
+        seconds; then drop the metadata database (if asked) and a temporary home.
+        Idempotent; a second Ctrl-C skips to SIGKILL."""
         if self.process is not None:
             self._remember_processes()
             try:
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    if self._signal_and_wait(sig, grace):
-                        break
-                else:
+                if not self._interrupt_and_wait(grace) and \
+                        not self._signal_and_wait(signal.SIGTERM, grace):
                     self._signal_and_wait(signal.SIGKILL, grace)
             except KeyboardInterrupt:
                 self._signal_and_wait(signal.SIGKILL, grace)
@@ -430,19 +429,18 @@ class AirflowRuntime:
                 self._reap()
         self._clean_up()
 
-    def _signal_and_wait(self, sig: signal.Signals, grace: float) -> bool:
-        """Send `sig` to every group and straggler; whether all were gone within `grace`."""
-        procs = self.processes()
-        for pgid in {_pgid(p) for p in procs} - {None, os.getpgrp()}:
-            try:
-                os.killpg(pgid, sig)  # type: ignore[arg-type]
-            except (ProcessLookupError, PermissionError):
-                pass
-        for proc in procs:  # in a group of ours only when it left the session
-            try:
-                proc.send_signal(sig)
-            except psutil.Error:
-                pass
+    def _interrupt_and_wait(self, grace: float) -> bool:
+        """SIGINT to standalone alone, which SIGTERMs each component once. A SIGINT to the
+        whole group would reach every component twice (ours, then standalone's SIGTERM), and
+        Airflow's scheduler and triggerer take a second signal as "force exit", which can
+        hang them (seen here: both stuck for more than 30 s)."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        return self._wait_gone(grace)
+
+    def _wait_gone(self, grace: float) -> bool:
+        """Whether every process was gone within `grace` seconds."""
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             self._reap()
@@ -450,6 +448,23 @@ class AirflowRuntime:
                 return True
             time.sleep(0.2)
         return False
+
+    def _signal_and_wait(self, sig: signal.Signals, grace: float) -> bool:
+        """Send `sig` to every group and straggler; whether all were gone within `grace`."""
+        procs = self.processes()
+        sid = self.session_id
+        for pgid in {_pgid(p) for p in procs if _sid(p) == sid} - {None, os.getpgrp()}:
+            try:
+                os.killpg(pgid, sig)  # type: ignore[arg-type]
+            except (ProcessLookupError, PermissionError):
+                pass
+        for proc in procs:  # those that left the session are not in any group signalled
+            if _sid(proc) != sid:
+                try:
+                    proc.send_signal(sig)
+                except psutil.Error:
+                    pass
+        return self._wait_gone(grace)
 
     def _reap(self) -> None:
         if self.process is not None:
@@ -488,12 +503,19 @@ def _pgid(proc: psutil.Process) -> int | None:
         return None
 
 
+def _sid(proc: psutil.Process) -> int | None:
+    try:
+        return os.getsid(proc.pid)
+    except OSError:
+        return None
+
+
 def _in_session(sid: int) -> Iterable[psutil.Process]:
     """Live processes of session `sid` (zombies are gone in all but name)."""
     for proc in psutil.process_iter():
         try:
-            if os.getsid(proc.pid) == sid and _alive(proc):
+            if _sid(proc) == sid and _alive(proc):
                 yield proc
-        except OSError:
+        except psutil.Error:
             continue
 
