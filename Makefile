@@ -9,7 +9,7 @@ PYSPARK_VERSION := 4.3.0
 STAMP := $(VENV)/.agentpost-installed
 UV_INSTALL := $(BIN)/uv pip install --python $(BIN)/python
 
-.PHONY: venv test lint demo bench constraints
+.PHONY: venv test lint demo demo-headless bench constraints
 
 venv: $(STAMP)
 
@@ -31,8 +31,13 @@ test: venv
 lint: venv
 	$(BIN)/ruff check .
 
+# The example DAGs on airflow standalone until Ctrl-C (which stops everything it started).
 demo: venv
-	$(BIN)/agentpost demo
+	$(BIN)/agentpost demo --airflow
+
+# The same scenarios under dag.test(), no servers; non-zero exit if one fails.
+demo-headless: venv
+	$(BIN)/agentpost demo --headless
 
 bench: venv
 	# the lease benchmark compares with Procrastinate: the `bench` extra brings it
@@ -41,6 +46,7 @@ bench: venv
 	$(BIN)/agentpost bench leases
 	$(BIN)/agentpost bench marks
 	$(BIN)/agentpost bench commands
+	$(BIN)/agentpost bench airflow
 
 # Re-resolve the full lock after changing dependencies in pyproject.toml.
 constraints: venv

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agentpost.airflow_demo import DemoPerson, apply_demo_fleet
+from agentpost.airflow_demo import DemoPerson, apply_demo_fleet, run_headless_demo
 from agentpost.airflow_runtime import (
     COMPONENTS,
     AirflowClient,
@@ -103,3 +103,45 @@ def _run_the_example(runtime: AirflowRuntime, dsn: str) -> list[psutil.Process]:
         assert views["card.charge"].confirmed_by == "human:dana"
         assert store.verify_trail().ok
     return runtime.processes()
+
+
+FAILING_EXAMPLE = '''
+"""An example that fails: the headless demo must say so with its exit code."""
+from datetime import datetime
+
+from airflow.sdk import dag, task
+
+
+@dag(dag_id="agentpost_failing_example", schedule=None, start_date=datetime(2026, 1, 1),
+     tags=["example"])
+def failing():
+    @task(retries=0)
+    def boom():
+        raise RuntimeError("this example fails")
+
+    boom()
+
+
+failing()
+'''
+
+
+@pytest.mark.slow
+def test_headless_demo_runs_the_examples_with_dag_test(dsn: str, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """`make demo-headless`: the example DAG's dag.test(), its confirmation answered by the
+    demo's person, succeeds; a failing example makes the exit code 1."""
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    shutil.copy(ROOT / "dags" / f"{EXAMPLE}.py", dags)
+    assert run_headless_demo(dsn, dags_folder=dags) == 0
+    out = capsys.readouterr().out
+    assert (f"{EXAMPLE}: success (book_room=success, charge_card=success, receipt=success)"
+            in out), out
+    assert "dana confirms command" in out and ", verified" in out
+
+    (dags / "agentpost_failing_example.py").write_text(FAILING_EXAMPLE)
+    assert run_headless_demo(dsn, dags_folder=dags) == 1
+    out = capsys.readouterr().out
+    assert "agentpost_failing_example: failed (boom=failed)" in out, out

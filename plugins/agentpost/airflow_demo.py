@@ -15,7 +15,6 @@ confirmation through the human highway, as someone at `agentpost command confirm
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -29,7 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentpost.airflow_runtime import AirflowClient, AirflowRuntime, connection_json
+from agentpost.airflow_runtime import (
+    AirflowClient,
+    AirflowRuntime,
+    connection_json,
+    private_environment,
+)
 from agentpost.store import CommandLedger, EnvelopeStore
 from agentpost.store.bootstrap import create_database, find_server
 from agentpost.store.migrations import migrate
@@ -284,8 +288,7 @@ def _keep_answering(person: DemoPerson, stop: threading.Event) -> None:
 
 def _headless_runs(folder: Path, home: Path, dsn: str) -> list[Outcome]:
     """Run the child that runs the tests; its results."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AIRFLOW", "_AIRFLOW")) and k != "AGENTPOST_DSN"}
+    env = private_environment()
     env.update({
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(folder),

@@ -104,6 +104,14 @@ def connection_json(store_dsn: str) -> str:
     return json.dumps({"conn_type": "agentpost", "extra": {"dsn": libpq_dsn(store_dsn)}})
 
 
+def private_environment() -> dict[str, str]:
+    """Our environment without the caller's Airflow configuration or store DSN: a private
+    Airflow is configured whole by its starter, and finds the store only through the
+    `agentpost_default` connection it is given."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("AIRFLOW", "_AIRFLOW")) and k != "AGENTPOST_DSN"}
+
+
 def venv_bin() -> Path:
     """The directory of the running interpreter: where `airflow` was installed with it
     (standalone starts its components as plain `airflow` from PATH)."""
@@ -158,8 +166,8 @@ class AirflowClient:
         for attempt in (1, 2):
             if self._token is None:
                 self._token = self._login()
-            response = self._http.request(method, f"/api/v2{path}", headers={
-                "Authorization": f"Bearer {self._token}"}, **kwargs)
+            headers = {**kwargs.pop("headers", {}), "Authorization": f"Bearer {self._token}"}
+            response = self._http.request(method, f"/api/v2{path}", headers=headers, **kwargs)
             if response.status_code == 401 and attempt == 1:
                 self._token = None
                 continue
@@ -210,6 +218,15 @@ class AirflowClient:
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
         return self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances",
                             params={"limit": 1000})["task_instances"]
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1,
+                 lines: int = 20) -> str:
+        """The last `lines` events of a task try's log, as text (to say why a task failed)."""
+        found = self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
+                                    f"/logs/{try_number}", params={"full_content": "true"},
+                             headers={"Accept": "application/json"})["content"]
+        events = [m if isinstance(m, str) else m.get("event", "") for m in found]
+        return "\n".join(events[-lines:])
 
     def wait_for_dag(self, dag_id: str, timeout: float = 180.0) -> dict[str, Any]:
         """The DAG once the dag-processor has parsed it."""
@@ -291,8 +308,7 @@ class AirflowRuntime:
     def environment(self, metadata_dsn: str) -> dict[str, str]:
         """The environment standalone and its components run with: ours without any Airflow
         or store settings of the caller, plus the private configuration."""
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("AIRFLOW", "_AIRFLOW")) and k != "AGENTPOST_DSN"}
+        env = private_environment()
         env.update({
             "PATH": f"{venv_bin()}{os.pathsep}{env.get('PATH', '')}",
             "AIRFLOW_HOME": str(self.home),

@@ -212,7 +212,8 @@ def _task_end(client: AirflowClient, dag_id: str, run_id: str) -> float:
     def ended() -> float | None:
         ti = _task(client, dag_id, run_id)
         if ti["state"] in ("failed", "upstream_failed", "skipped"):
-            raise RuntimeError(f"{dag_id} {run_id}: the sensor ended {ti['state']}")
+            log = client.task_log(dag_id, run_id, TASK, ti["try_number"])
+            raise RuntimeError(f"{dag_id} {run_id}: the sensor ended {ti['state']}:\n{log}")
         return _epoch(ti["end_date"]) if ti["state"] == "success" else None
 
     return wait_until(ended, 120, f"{dag_id} {run_id} to end", interval=0.2)
