@@ -50,13 +50,15 @@ RUN_TIMEOUT = 600.0
 def apply_demo_fleet(store: EnvelopeStore) -> None:
     """The roles, envelope types and workspaces the example DAGs need.
 
-    Merge note: once `agentpost fleet apply FILE` exists, this becomes applying the demo's
-    fleet file; add what new example DAGs need there.
+    Applying it again changes nothing. Merge note: once `agentpost fleet apply FILE` exists,
+    this becomes applying the demo's fleet file; add what new example DAGs need there.
     """
-    store.define_role("agent")
+    store.define_role("agent")  # roles and types are upserts; workspaces are not
     for action in ("room.book", "card.charge"):
         store.register_type(action, ["agent"], ["agent"])
-    store.create_workspace("agent", workspace_id="travel-desk", originator=PERSON)
+    existing = {ws.id for ws in store.workspaces()}
+    if "travel-desk" not in existing:
+        store.create_workspace("agent", workspace_id="travel-desk", originator=PERSON)
 
 
 def is_example(dag_id: str, tags: list[str] | tuple[str, ...] | set[str]) -> bool:
