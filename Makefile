@@ -9,7 +9,7 @@ PYSPARK_VERSION := 4.3.0
 STAMP := $(VENV)/.agentpost-installed
 UV_INSTALL := $(BIN)/uv pip install --python $(BIN)/python
 
-.PHONY: venv test lint demo bench constraints
+.PHONY: venv test lint demo demo-headless bench constraints
 
 venv: $(STAMP)
 
@@ -33,8 +33,13 @@ test: venv
 lint: venv
 	$(BIN)/ruff check .
 
+# The example DAGs on airflow standalone until Ctrl-C (which stops everything it started).
 demo: venv
-	$(BIN)/agentpost demo
+	$(BIN)/agentpost demo --airflow
+
+# The same scenarios under dag.test(), no servers; non-zero exit if one fails.
+demo-headless: venv
+	$(BIN)/agentpost demo --headless
 
 bench: venv
 	# the lease benchmark compares with Procrastinate: the `bench` extra brings it
@@ -43,6 +48,7 @@ bench: venv
 	$(BIN)/agentpost bench leases
 	$(BIN)/agentpost bench marks
 	$(BIN)/agentpost bench commands
+	$(BIN)/agentpost bench airflow
 
 # Re-resolve the full lock after changing dependencies in pyproject.toml. The versions already
 # in constraints.txt are kept where they still fit (uv prefers the output file's pins); every

@@ -32,7 +32,7 @@ def charge_card(amount: int, currency: str) -> dict:
     return {"charged": amount, "currency": currency}
 
 
-@dag(schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+@dag(schedule=None, start_date=datetime(2026, 1, 1), catchup=False, tags=["agentpost", "example"],
      default_args={"retries": 3, "retry_delay": timedelta(seconds=30)})
 def agentpost_command_example():
     booking = CommandOperator(

@@ -182,6 +182,14 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.airflow:
+        from agentpost.airflow_demo import run_airflow_demo
+
+        return run_airflow_demo(dsn=args.dsn)
+    if args.headless:
+        from agentpost.airflow_demo import run_headless_demo
+
+        return run_headless_demo(dsn=args.dsn)
     from agentpost.demo import run_demo
 
     return run_demo(dsn=args.dsn)
@@ -206,7 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("migrate", help="apply pending migrations").set_defaults(func=cmd_migrate)
-    sub.add_parser("demo", help="run the terminal demo").set_defaults(func=cmd_demo)
+    demo = sub.add_parser("demo", help="run a demo: in the terminal (default), on a real "
+                                       "Airflow, or under dag.test()")
+    mode = demo.add_mutually_exclusive_group()
+    mode.add_argument("--airflow", action="store_true",
+                      help="run the example DAGs on `airflow standalone` until Ctrl-C")
+    mode.add_argument("--headless", action="store_true",
+                      help="run the example DAGs with dag.test(), no servers")
+    demo.set_defaults(func=cmd_demo)
 
     ws = sub.add_parser("workspace", help="create, move or list workspaces")
     ws_sub = ws.add_subparsers(dest="action", required=True)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-SUITES: dict[str, str] = {"commands": "agentpost.benchmarks.commands",
+SUITES: dict[str, str] = {"airflow": "agentpost.benchmarks.airflow",
+                          "commands": "agentpost.benchmarks.commands",
                           "envelopes": "agentpost.benchmarks.envelopes",
                           "leases": "agentpost.benchmarks.leases",
                           "marks": "agentpost.benchmarks.marks",

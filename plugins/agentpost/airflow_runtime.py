@@ -1,0 +1,537 @@
+"""Airflow for real: `airflow standalone` in a private home, driven over its REST API.
+
+The demo, the end-to-end test and `agentpost bench airflow` need the same thing: a real
+scheduler, dag-processor, triggerer and API server running the repo's DAGs against the
+agentpost store, then everything they started gone afterwards. `AirflowRuntime` gives that:
+
+- a private AIRFLOW_HOME (a temporary directory unless one is given), the given DAGs folder,
+  no example DAGs, modest parallelism, the API on 127.0.0.1 at a free port;
+- Airflow's metadata in its own database on the store's Postgres server (not SQLite: the
+  scheduler and the triggerer write concurrently), created here;
+- the `agentpost_default` connection pointing at the store;
+- `airflow standalone` started as the leader of a new session, so every process it starts
+  (its four components, executor workers, task supervisors and the tasks, which Airflow puts
+  in process groups of their own) can be found by session id and stopped: SIGINT to every
+  process group of the session first (standalone stops cleanly on it, not on SIGTERM), then
+  SIGTERM, then SIGKILL.
+
+`AirflowClient` is the small REST client over it: a token from the SimpleAuthManager password
+file through ``/auth/token``, then unpause, trigger, wait for a run, list task instances.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+from psycopg2.extensions import parse_dsn
+from sqlalchemy.engine import URL
+
+from agentpost.store.bootstrap import create_database, drop_database
+from agentpost.store.server import find_repo_root, libpq_dsn
+
+HEALTH_PATH = "/api/v2/monitor/health"
+COMPONENTS = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+TERMINAL_RUN_STATES = frozenset({"success", "failed"})
+ADMIN_USER = "admin"
+PASSWORD_FILE = "simple_auth_manager_passwords.json.generated"
+LOG_FILE = "standalone.log"
+#: first start on a fresh metadata database migrates it: minutes on a busy 2-core machine
+START_TIMEOUT = 420.0
+#: how long each signal of the stop sequence (SIGINT, SIGTERM) gets before the next one
+STOP_GRACE = 30.0
+
+
+class AirflowError(RuntimeError):
+    """Airflow did not start, did not answer, or a run did not end as expected."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A SimpleAuthManager login."""
+
+    username: str
+    password: str
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on at 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_open(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:`port`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    """A libpq DSN (URI or key=value) as the psycopg2 SQLAlchemy URL Airflow's
+    ``sql_alchemy_conn`` wants; a socket-directory host goes into the query."""
+    params = parse_dsn(libpq_dsn(dsn))
+    host = params.pop("host", None)
+    port = params.pop("port", None)
+    query = dict(params)
+    user, password, database = query.pop("user", None), query.pop("password", None), \
+        query.pop("dbname", None)
+    if host and host.startswith("/"):
+        query["host"], host = host, None
+    url = URL.create("postgresql+psycopg2", username=user, password=password, host=host,
+                     port=int(port) if port else None, database=database, query=query)
+    return url.render_as_string(hide_password=False)
+
+
+def connection_json(store_dsn: str) -> str:
+    """The `agentpost_default` connection (AIRFLOW_CONN_AGENTPOST_DEFAULT) for a store DSN:
+    the DSN travels whole in the extra, which the hook uses instead of the fields."""
+    return json.dumps({"conn_type": "agentpost", "extra": {"dsn": libpq_dsn(store_dsn)}})
+
+
+def private_environment() -> dict[str, str]:
+    """Our environment without the caller's Airflow configuration or store DSN: a private
+    Airflow is configured whole by its starter, and finds the store only through the
+    `agentpost_default` connection it is given."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("AIRFLOW", "_AIRFLOW")) and k != "AGENTPOST_DSN"}
+
+
+def venv_bin() -> Path:
+    """The directory of the running interpreter: where `airflow` was installed with it
+    (standalone starts its components as plain `airflow` from PATH)."""
+    return Path(sys.executable).parent
+
+
+def read_credentials(home: Path) -> Credentials:
+    """The admin login standalone generated into its home."""
+    users = json.loads((home / PASSWORD_FILE).read_text(encoding="utf-8"))
+    return Credentials(ADMIN_USER, users[ADMIN_USER])
+
+
+# ----------------------------------------------------------------------------- REST client
+
+
+class AirflowClient:
+    """The slice of Airflow's REST API (``/api/v2``) the demo, tests and bench use."""
+
+    def __init__(self, base_url: str, credentials: Credentials | None = None,
+                 timeout: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.credentials = credentials
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+        self._token: str | None = None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> AirflowClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def health(self) -> dict[str, Any]:
+        """``/api/v2/monitor/health`` (anonymous)."""
+        response = self._http.get(HEALTH_PATH)
+        response.raise_for_status()
+        return response.json()
+
+    def _login(self) -> str:
+        if self.credentials is None:
+            raise AirflowError("no credentials to log in with")
+        response = self._http.post("/auth/token", json={
+            "username": self.credentials.username, "password": self.credentials.password})
+        if response.status_code != 201:
+            raise AirflowError(f"login failed ({response.status_code}): {response.text[:200]}")
+        return response.json()["access_token"]
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """An authenticated call to ``/api/v2{path}``; a token that expired is renewed once."""
+        for attempt in (1, 2):
+            if self._token is None:
+                self._token = self._login()
+            headers = {**kwargs.pop("headers", {}), "Authorization": f"Bearer {self._token}"}
+            response = self._http.request(method, f"/api/v2{path}", headers=headers, **kwargs)
+            if response.status_code == 401 and attempt == 1:
+                self._token = None
+                continue
+            if response.is_error:
+                raise AirflowError(f"{method} {path}: {response.status_code} "
+                                   f"{response.text[:300]}")
+            return response.json() if response.content else None
+        raise AssertionError("unreachable")
+
+    def dag(self, dag_id: str) -> dict[str, Any] | None:
+        """The DAG's details, or None while the dag-processor has not parsed it."""
+        try:
+            return self.request("GET", f"/dags/{dag_id}")
+        except AirflowError as exc:
+            if " 404 " in str(exc):
+                return None
+            raise
+
+    def dag_ids(self, *, prefix: str = "", tag: str | None = None) -> list[str]:
+        """Ids of the parsed DAGs starting with `prefix` (and tagged `tag`), sorted."""
+        params: dict[str, Any] = {"limit": 1000}
+        if prefix:
+            params["dag_id_prefix_pattern"] = prefix
+        if tag:
+            params["tags"] = tag
+        found = self.request("GET", "/dags", params=params)["dags"]
+        return sorted(d["dag_id"] for d in found if d["dag_id"].startswith(prefix))
+
+    def unpause(self, dag_id: str) -> None:
+        self.request("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+
+    def trigger(self, dag_id: str, conf: dict[str, Any] | None = None,
+                run_id: str | None = None) -> str:
+        """Start a manual run now; its run id."""
+        body: dict[str, Any] = {"logical_date": None, "conf": conf or {}}
+        if run_id is not None:
+            body["dag_run_id"] = run_id
+        return self.request("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"]
+
+    def run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
+
+    def runs(self, dag_id: str) -> list[dict[str, Any]]:
+        """The DAG's runs, oldest first."""
+        return self.request("GET", f"/dags/{dag_id}/dagRuns",
+                            params={"limit": 1000, "order_by": "run_after"})["dag_runs"]
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        return self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances",
+                            params={"limit": 1000})["task_instances"]
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1,
+                 lines: int = 20) -> str:
+        """The last `lines` events of a task try's log, as text (to say why a task failed)."""
+        found = self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
+                                    f"/logs/{try_number}", params={"full_content": "true"},
+                             headers={"Accept": "application/json"})["content"]
+        events = [m if isinstance(m, str) else m.get("event", "") for m in found]
+        return "\n".join(events[-lines:])
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 180.0) -> dict[str, Any]:
+        """The DAG once the dag-processor has parsed it."""
+        return wait_until(lambda: self.dag(dag_id), timeout, f"DAG {dag_id} to be parsed")
+
+    def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 300.0,
+                     tick: Callable[[], None] | None = None) -> str:
+        """The run's final state (success or failed); `tick` is called between polls (the
+        demo's person answers confirmations there)."""
+        def ended() -> str | None:
+            if tick is not None:
+                tick()
+            state = self.run(dag_id, run_id)["state"]
+            return state if state in TERMINAL_RUN_STATES else None
+
+        return wait_until(ended, timeout, f"run {run_id} of {dag_id} to end", interval=0.5)
+
+
+def wait_until(probe: Callable[[], Any], timeout: float, what: str,
+               interval: float = 1.0) -> Any:
+    """`probe()`'s first truthy value, polled every `interval` seconds for `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AirflowError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+# ----------------------------------------------------------------------------- the runtime
+
+
+class AirflowRuntime:
+    """`airflow standalone` for one store, started by `start()` (or `with`), stopped with
+    every process it started by `stop()`.
+
+    :param store_dsn: the agentpost store; Airflow's metadata goes into database
+        `metadata_db` on the same server (created, dropped first when `fresh`).
+    :param dags_folder: the DAGs folder (default: the repo's ``dags/``).
+    :param home: AIRFLOW_HOME (default: a temporary directory, removed by `stop()`).
+    :param drop_metadata: drop the metadata database in `stop()` (tests, benchmarks).
+    """
+
+    def __init__(self, store_dsn: str, *, dags_folder: Path | None = None,
+                 home: Path | None = None, metadata_db: str | None = None,
+                 fresh: bool = True, drop_metadata: bool = False, parallelism: int = 4,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.store_dsn = store_dsn
+        self.dags_folder = Path(dags_folder or find_repo_root() / "dags").resolve()
+        self._own_home = home is None
+        self.home = Path(home or tempfile.mkdtemp(prefix="agentpost-airflow-")).resolve()
+        self.metadata_db = metadata_db or f"{_store_db(store_dsn)}_airflow"
+        self.fresh = fresh
+        self.drop_metadata = drop_metadata
+        self.parallelism = parallelism
+        self.extra_env = dict(extra_env or {})
+        self.port = 0
+        self.log_ports: tuple[int, int] = (0, 0)
+        self.process: subprocess.Popen[bytes] | None = None
+        self._known: dict[int, psutil.Process] = {}
+
+    # -- configuration ---------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        """Every port the runtime's servers listen on: the API, the two log servers."""
+        return (self.port, *self.log_ports)
+
+    @property
+    def log_path(self) -> Path:
+        return self.home / LOG_FILE
+
+    def environment(self, metadata_dsn: str) -> dict[str, str]:
+        """The environment standalone and its components run with: ours without any Airflow
+        or store settings of the caller, plus the private configuration."""
+        env = private_environment()
+        env.update({
+            "PATH": f"{venv_bin()}{os.pathsep}{env.get('PATH', '')}",
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": sqlalchemy_url(metadata_dsn),
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API__BASE_URL": self.url,
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            # one secret for every component: the API server verifies what workers sign
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+            "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
+            # the log servers of the worker and the triggerer bind every interface (Airflow
+            # has no host setting for them): at least not the fixed 8793/8794 of a neighbour
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.log_ports[0]),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.log_ports[1]),
+            "AIRFLOW_CONN_AGENTPOST_DEFAULT": connection_json(self.store_dsn),
+            "NO_COLOR": "1",
+        })
+        env.update(self.extra_env)
+        return env
+
+    # -- start -----------------------------------------------------------------------------
+
+    def start(self, timeout: float = START_TIMEOUT) -> AirflowRuntime:
+        """Create the metadata database, start standalone, return once every component
+        reports healthy. A start that fails stops whatever did start."""
+        metadata_dsn = self._metadata_database()
+        self.port = free_port()
+        self.log_ports = (free_port(), free_port())
+        self.home.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [str(venv_bin() / "airflow"), "standalone"], env=self.environment(metadata_dsn),
+                cwd=self.home, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=_default_sigint)
+        try:
+            self.wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _metadata_database(self) -> str:
+        return create_database(libpq_dsn(self.store_dsn), self.metadata_db, fresh=self.fresh)
+
+    def wait_healthy(self, timeout: float) -> None:
+        """Wait until the API answers and reports every component healthy."""
+        with AirflowClient(self.url, timeout=5.0) as client:
+            def healthy() -> bool:
+                self._check_alive()
+                self._remember_processes()
+                try:
+                    health = client.health()
+                except httpx.HTTPError:
+                    return False
+                return all((health.get(c) or {}).get("status") == "healthy" for c in COMPONENTS)
+
+            wait_until(healthy, timeout, f"Airflow to be healthy (log: {self.log_path})")
+
+    def _check_alive(self) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            raise AirflowError(f"airflow standalone exited with {self.process.returncode}:\n"
+                               f"{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def credentials(self) -> Credentials:
+        return read_credentials(self.home)
+
+    def client(self) -> AirflowClient:
+        """A REST client logged in as the generated admin; the caller closes it."""
+        return AirflowClient(self.url, self.credentials())
+
+    def __enter__(self) -> AirflowRuntime:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- processes -------------------------------------------------------------------------
+
+    @property
+    def session_id(self) -> int | None:
+        """The session standalone leads (its pid), None before `start()`."""
+        return None if self.process is None else self.process.pid
+
+    def _remember_processes(self) -> None:
+        """Note every descendant seen, in case one leaves the session (none of Airflow's
+        do today; a BashOperator's command does)."""
+        if self.process is None:
+            return
+        try:
+            root = psutil.Process(self.process.pid)
+            for proc in (root, *root.children(recursive=True)):
+                self._known.setdefault(proc.pid, proc)
+        except psutil.Error:
+            pass
+
+    def processes(self) -> list[psutil.Process]:
+        """Live (non-zombie) processes this runtime started: the session's and those it saw."""
+        sid = self.session_id
+        if sid is None:
+            return []
+        found = {p.pid: p for p in _in_session(sid)}
+        for pid, proc in self._known.items():
+            if pid not in found and _alive(proc):
+                found[pid] = proc
+        return list(found.values())
+
+    def stop(self, grace: float = STOP_GRACE) -> None:
+        """Stop every process started: SIGINT to standalone (its clean stop), then SIGTERM
+        and at last SIGKILL to every process group of the session, each after `grace`
+        seconds; then drop the metadata database (if asked) and a temporary home.
+        Idempotent; a second Ctrl-C skips to SIGKILL."""
+        if self.process is not None:
+            self._remember_processes()
+            try:
+                if not self._interrupt_and_wait(grace) and \
+                        not self._signal_and_wait(signal.SIGTERM, grace):
+                    self._signal_and_wait(signal.SIGKILL, grace)
+            except KeyboardInterrupt:
+                self._signal_and_wait(signal.SIGKILL, grace)
+                raise
+            finally:
+                self._reap()
+        self._clean_up()
+
+    def _interrupt_and_wait(self, grace: float) -> bool:
+        """SIGINT to standalone alone, which SIGTERMs each component once. A SIGINT to the
+        whole group would reach every component twice (ours, then standalone's SIGTERM), and
+        Airflow's scheduler and triggerer take a second signal as "force exit", which can
+        hang them (seen here: both stuck for more than 30 s)."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        return self._wait_gone(grace)
+
+    def _wait_gone(self, grace: float) -> bool:
+        """Whether every process was gone within `grace` seconds."""
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            self._reap()
+            if not self.processes():
+                return True
+            time.sleep(0.2)
+        return False
+
+    def _signal_and_wait(self, sig: signal.Signals, grace: float) -> bool:
+        """Send `sig` to every group and straggler; whether all were gone within `grace`."""
+        procs = self.processes()
+        sid = self.session_id
+        for pgid in {_pgid(p) for p in procs if _sid(p) == sid} - {None, os.getpgrp()}:
+            try:
+                os.killpg(pgid, sig)  # type: ignore[arg-type]
+            except (ProcessLookupError, PermissionError):
+                pass
+        for proc in procs:  # those that left the session are not in any group signalled
+            if _sid(proc) != sid:
+                try:
+                    proc.send_signal(sig)
+                except psutil.Error:
+                    pass
+        return self._wait_gone(grace)
+
+    def _reap(self) -> None:
+        if self.process is not None:
+            self.process.poll()
+
+    def _clean_up(self) -> None:
+        if self.drop_metadata:
+            drop_database(libpq_dsn(self.store_dsn), self.metadata_db)
+            self.drop_metadata = False
+        if self._own_home:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default. A caller started in the
+    background by a shell ignores SIGINT, and the ignore would be inherited, leaving
+    standalone deaf to the signal it stops cleanly on."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _store_db(dsn: str) -> str:
+    return parse_dsn(libpq_dsn(dsn)).get("dbname") or "agentpost"
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _pgid(proc: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(proc.pid)
+    except OSError:
+        return None
+
+
+def _sid(proc: psutil.Process) -> int | None:
+    try:
+        return os.getsid(proc.pid)
+    except OSError:
+        return None
+
+
+def _in_session(sid: int) -> Iterable[psutil.Process]:
+    """Live processes of session `sid` (zombies are gone in all but name)."""
+    for proc in psutil.process_iter():
+        try:
+            if _sid(proc) == sid and _alive(proc):
+                yield proc
+        except psutil.Error:
+            continue
+
