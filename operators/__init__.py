@@ -11,12 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agentpost.operators.commands import CommandOperator
-    from agentpost.operators.inbox import InboxSensor
+    from agentpost.operators.sensors import (
+        InboxSensor,
+        NeedResolvedSensor,
+        ReplySensor,
+        VerdictSensor,
+    )
 
-__all__ = ["CommandOperator", "InboxSensor"]
+__all__ = ["CommandOperator", "InboxSensor", "NeedResolvedSensor", "ReplySensor",
+           "VerdictSensor"]
 
+_SENSORS = "agentpost.operators.sensors"
 _WHERE = {"CommandOperator": "agentpost.operators.commands",
-          "InboxSensor": "agentpost.operators.inbox"}
+          "InboxSensor": _SENSORS, "NeedResolvedSensor": _SENSORS, "ReplySensor": _SENSORS,
+          "VerdictSensor": _SENSORS}
 
 
 def __getattr__(name: str) -> Any:

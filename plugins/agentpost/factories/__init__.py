@@ -1,0 +1,2 @@
+"""DAG factories: functions that build agentpost DAGs (agents, boundaries) from a few
+arguments."""
