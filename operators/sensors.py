@@ -18,7 +18,6 @@ import abc
 import os
 import time
 from collections.abc import Sequence
-from configparser import ConfigParser
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -49,16 +48,17 @@ DEFAULT_SETTLE = 5.0
 
 
 def default_deferrable() -> bool:
-    """``[operators] default_deferrable`` when the deployment sets it (airflow.cfg or
-    AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE), else True. Airflow's built-in default for the
-    option is false, which would turn these sensors into worker-slot holders unless asked
-    otherwise; a deployment that decides explicitly is obeyed either way."""
+    """True, unless the deployment sets ``[operators] default_deferrable`` through the
+    environment (AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE), which is then obeyed.
+
+    Why not airflow.cfg: Airflow 3.3 writes every default into a new airflow.cfg, so its
+    ``default_deferrable = false`` cannot be told from a deliberate choice, and honouring it
+    would make these sensors hold worker slots in every stock deployment. Per sensor (or in
+    a DAG's default_args), ``deferrable=`` decides."""
+    if "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE" not in os.environ:
+        return True
     from airflow.sdk.configuration import conf
 
-    explicit = ("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE" in os.environ
-                or ConfigParser.has_option(conf, "operators", "default_deferrable"))
-    if not explicit:
-        return True
     return conf.getboolean("operators", "default_deferrable", fallback=True)
 
 
