@@ -39,6 +39,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import psycopg2
 
+from agentpost.store.server import dsn_for_database
+
 DAG_ID = "agentpost_soak"
 TASK_ID = "wait"
 FINAL = {"success", "failed"}
@@ -63,6 +65,16 @@ soak()
 '''
 
 
+EVENTS_DAG_ID = "agentpost_soak_events"
+EVENTS_WS = "events"
+EVENTS_DAG_FILE = f'''
+"""Written by agentpost.benchmarks.airflow_soak: an event-driven agent on inbox {EVENTS_WS!r}."""
+from agentpost.factories.reactive import reactive_agent_dag
+
+reactive_agent_dag("{EVENTS_DAG_ID}", "{EVENTS_WS}", poll_interval=2.0)
+'''
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -75,11 +87,6 @@ def port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def with_database(dsn: str, name: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path="/" + name))
-
-
 @contextlib.contextmanager
 def scratch_database(admin_dsn: str) -> Iterator[str]:
     """A new database for the soak, dropped afterwards; yields its DSN."""
@@ -89,7 +96,7 @@ def scratch_database(admin_dsn: str) -> Iterator[str]:
     try:
         with conn.cursor() as cur:
             cur.execute(f'CREATE DATABASE "{name}"')
-        yield with_database(admin_dsn, name)
+        yield dsn_for_database(admin_dsn, name)
     finally:
         with conn.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -217,6 +224,15 @@ class Api:
         resp = self.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}")
         return resp.json().get("state") if resp.status_code == 200 else None
 
+    def runs(self, dag_id: str) -> list[dict[str, Any]]:
+        resp = self.get(f"/dags/{dag_id}/dagRuns?limit=100")
+        return resp.json().get("dag_runs", []) if resp.status_code == 200 else []
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str) -> Any:
+        resp = self.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
+                        "/xcomEntries/return_value?deserialize=true")
+        return resp.json().get("value") if resp.status_code == 200 else None
+
     def run_state(self, dag_id: str, run_id: str) -> str | None:
         resp = self.get(f"/dags/{dag_id}/dagRuns/{run_id}")
         return resp.json().get("state") if resp.status_code == 200 else None
@@ -264,8 +280,48 @@ def one_run(api: Api, dsn: str, tally: Tally, limit: float = 240.0) -> None:
     tally.add(run_id, state or "timeout", deferred, time.monotonic() - started)
 
 
+def watching(dsn: str, watcher: str) -> bool:
+    """Whether the event watcher has made its first claim (arrivals count from then on)."""
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM agentpost.event_watchers WHERE watcher = %s",
+                        (watcher,))
+            return cur.fetchone() is not None
+    finally:
+        conn.close()
+
+
+def event_driven(api: Api, dsn: str, arrivals: int, limit: float = 240.0) -> dict[str, Any]:
+    """Send `arrivals` envelopes to the event-driven DAG's inbox once its watcher runs;
+    every one must be handled by exactly one run (the ids its runs returned)."""
+    from agentpost.store import EnvelopeStore
+
+    deadline = time.monotonic() + limit
+    while not watching(dsn, f"asset:agentpost-inbox-{EVENTS_WS}"):
+        if time.monotonic() > deadline:
+            return {"error": "the inbox watcher never started"}
+        time.sleep(1)
+    with EnvelopeStore(dsn) as store:
+        sent = [store.send("boss", EVENTS_WS, "directive", f"event {i}").envelope_id
+                for i in range(arrivals)]
+    handled: list[str] = []
+    while time.monotonic() < deadline:
+        done = [r for r in api.runs(EVENTS_DAG_ID) if r.get("state") in FINAL]
+        handled = [a["envelope_id"] for r in done
+                   for a in api.xcom(EVENTS_DAG_ID, r["dag_run_id"], "handle_arrivals") or []]
+        if sorted(handled) == sorted(sent):
+            time.sleep(5)  # and no run more
+            break
+        time.sleep(1)
+    runs = api.runs(EVENTS_DAG_ID)
+    return {"sent": len(sent), "handled": len(handled),
+            "each_once": sorted(handled) == sorted(sent), "runs": len(runs),
+            "failed_runs": sum(r.get("state") == "failed" for r in runs)}
+
+
 def soak(runs: int, concurrency: int, settle: float, admin_dsn: str,
-         keep: Path | None = None) -> dict[str, Any]:
+         keep: Path | None = None, events: int = 0) -> dict[str, Any]:
     """Run the soak; the result as a dict (see `main`)."""
     from agentpost.store import EnvelopeStore
 
@@ -275,10 +331,13 @@ def soak(runs: int, concurrency: int, settle: float, admin_dsn: str,
             with EnvelopeStore(dsn) as store:
                 store.migrate()
                 store.create_workspace("coordinator", workspace_id="boss")
+                store.create_workspace("worker", parent="boss", workspace_id=EVENTS_WS)
             dags = home / "dags"
             dags.mkdir()
             (dags / "agentpost_soak.py").write_text(
                 DAG_FILE.format(dag_id=DAG_ID, task_id=TASK_ID, settle=float(settle)))
+            if events:
+                (dags / "agentpost_soak_events.py").write_text(EVENTS_DAG_FILE)
             port = free_port()
             standalone = Standalone(airflow_env(home / "home", dags, dsn, port),
                                     home / "standalone.log", port)
@@ -291,9 +350,12 @@ def soak(runs: int, concurrency: int, settle: float, admin_dsn: str,
                 standalone.wait_for_api()
                 api = Api(port, password)
                 api.wait_for_dag(DAG_ID)
+                if events:
+                    api.wait_for_dag(EVENTS_DAG_ID)
                 with ThreadPoolExecutor(concurrency) as pool:
                     for f in [pool.submit(one_run, api, dsn, tally) for _ in range(runs)]:
                         f.result()
+                events_result = event_driven(api, dsn, events) if events else None
             finally:
                 standalone.stop()
                 log = standalone.log.read_text(errors="replace")
@@ -307,7 +369,7 @@ def soak(runs: int, concurrency: int, settle: float, admin_dsn: str,
                     "concurrency": concurrency,
                     "median_run_s": round(seconds[len(seconds) // 2], 2),
                     "wall_s": round(time.monotonic() - began, 1),
-                    "port_left_open": port_open(port)}
+                    "port_left_open": port_open(port), "event_driven": events_result}
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
@@ -320,12 +382,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="the sensors' settle time (0: no hold, shows the race)")
     parser.add_argument("--admin-dsn", default=os.environ.get(
         "AGENTPOST_SOAK_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    parser.add_argument("--events", type=int, default=3,
+                        help="envelopes for the event-driven DAG check after the soak (0: none)")
     parser.add_argument("--keep-log", type=Path, default=None,
                         help="copy standalone's log here")
     args = parser.parse_args(argv)
-    result = soak(args.runs, args.concurrency, args.settle, args.admin_dsn, args.keep_log)
+    result = soak(args.runs, args.concurrency, args.settle, args.admin_dsn, args.keep_log,
+                  args.events)
     print(json.dumps(result), flush=True)
-    ok = result["failed"] == 0 and result["state_mismatches"] == 0
+    events = result["event_driven"]
+    ok = result["failed"] == 0 and result["state_mismatches"] == 0 and (
+        events is None or (events.get("each_once") and not events.get("failed_runs")))
     return 0 if ok and not result["port_left_open"] else 1
 
 
