@@ -20,23 +20,17 @@ from agentpost.protocol.errors import InvalidInput, NotFound
 from agentpost.protocol.models import Envelope
 from agentpost.store.checks import ref as _ref
 from agentpost.store.envelopes import EnvelopeStore
+from agentpost.store.queries import QUERIES
 
 #: priorities an envelope can have (the envelopes table's check constraint)
 PRIORITIES = ("normal", "urgent", "blocking")
 #: how many matching ids a match reports at most
 MAX_IDS = 100
 
-_MATCHING = """
-SELECT count(*)::int,
-       (array_agg(e.id ORDER BY e.rank, coalesce(e.queue_pos, e.seq)))[1:%(limit)s]
-  FROM agentpost.envelopes e
- WHERE e.recipient = %(ws)s AND e.status = 'acknowledged' AND e.consumed_at IS NULL
-   AND (e.lease_until IS NULL OR e.lease_until <= now())
-   AND (e.lease_token IS NULL OR e.redeliveries < 3)
-   AND (e.rank = 0 OR NOT EXISTS (
-            SELECT 1 FROM agentpost.envelopes b
-             WHERE b.recipient = %(ws)s AND b.status = 'acknowledged'
-               AND b.consumed_at IS NULL AND b.rank = 0))
+#: the store's own "leasable" count (lease()'s conditions, one source), its select list
+#: widened to the matching ids and its WHERE clause narrowed by the filter
+_MATCHING = QUERIES["leasable"].replace("SELECT count(*)", """SELECT count(*)::int,
+       (array_agg(e.id ORDER BY e.rank, coalesce(e.queue_pos, e.seq)))[1:%(limit)s]""", 1) + """
    AND (%(type)s::text IS NULL OR e.type = %(type)s)
    AND (%(sender)s::text IS NULL OR e.sender = %(sender)s)
    AND (%(in_reply_to)s::text IS NULL OR e.in_reply_to = %(in_reply_to)s)

@@ -25,7 +25,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from agentpost.hooks import AgentpostHook, StoreTarget
+from agentpost.hooks import AgentpostHook
 from agentpost.protocol.errors import StoreUnavailable
 from agentpost.protocol.leases import workspace_of
 from agentpost.protocol.models import Envelope
@@ -33,7 +33,7 @@ from agentpost.store import EnvelopeStore
 from agentpost.store.checks import ref as _ref
 from agentpost.store.listen import AsyncListener
 from agentpost.store.watches import claim_arrivals
-from agentpost.triggers.inbox import TriggerStore, first_check, one_line, positive, redact
+from agentpost.triggers.inbox import StoreAccess, TriggerStore, first_check, one_line, positive
 
 CLASSPATH = "agentpost.triggers.events.InboxEventTrigger"
 
@@ -59,7 +59,7 @@ class _Claims(TriggerStore):
         return found[0] if found else None
 
 
-class InboxEventTrigger(BaseEventTrigger):
+class InboxEventTrigger(StoreAccess, BaseEventTrigger):
     """Yields one event per envelope arriving in `workspace_id`'s inbox, each exactly once
     per `watcher` (default ``inbox:<workspace_id>``; give two watchers of one inbox that
     must both see every arrival different names).
@@ -75,7 +75,7 @@ class InboxEventTrigger(BaseEventTrigger):
                  dsn: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.workspace_id = workspace_of(workspace_id)
-        self.agentpost_conn_id = agentpost_conn_id
+        self.agentpost_conn_id = self.conn_id = agentpost_conn_id
         self.watcher = _ref(watcher or f"inbox:{self.workspace_id}", "watcher")
         self.poll_interval = positive(poll_interval, "poll_interval")
         self.dsn = dsn
@@ -85,15 +85,6 @@ class InboxEventTrigger(BaseEventTrigger):
                            "agentpost_conn_id": self.agentpost_conn_id,
                            "watcher": self.watcher, "poll_interval": self.poll_interval,
                            "dsn": self.dsn}
-
-    def __repr__(self) -> str:
-        classpath, kwargs = self.serialize()
-        return self.repr(classpath, {**kwargs, "dsn": redact(self.dsn)})
-
-    async def _target(self) -> StoreTarget:
-        if self.dsn:
-            return StoreTarget(dsn=self.dsn, source="dsn")
-        return await AgentpostHook(agentpost_conn_id=self.agentpost_conn_id).aget_target()
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Claim and report arrivals, one at a time; wait on LISTEN (or the poll) when none

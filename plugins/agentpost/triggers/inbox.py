@@ -129,25 +129,31 @@ async def hold_until(not_before: float | None, log: Any) -> None:
         await asyncio.sleep(delay)
 
 
-class StoreTrigger(BaseTrigger):
-    """What the agentpost triggers share: the store is found through the Airflow connection
-    `conn_id`, resolved in the triggerer (no password among the stored kwargs), unless `dsn`
-    overrides it; the repr hides the DSN's password; `run` yields the one event `wait`
-    returns, not before `not_before` (see `hold_until`). Running `run` again (a triggerer
-    restart) waits again from the start: waiting changes nothing in the store."""
+class StoreAccess:
+    """How a trigger reaches the store: through the Airflow connection `conn_id`, resolved
+    in the triggerer (no password among the stored kwargs), unless `dsn` overrides it; the
+    repr hides the DSN's password."""
 
     conn_id: str
     dsn: str | None
-    not_before: float | None = None
 
     def __repr__(self) -> str:
-        classpath, kwargs = self.serialize()
-        return self.repr(classpath, {**kwargs, "dsn": redact(self.dsn)})
+        classpath, kwargs = self.serialize()  # type: ignore[attr-defined]
+        return self.repr(classpath, {**kwargs, "dsn": redact(self.dsn)})  # type: ignore[attr-defined]
 
     async def _target(self) -> StoreTarget:
         if self.dsn:
             return StoreTarget(dsn=self.dsn, source="dsn")
         return await AgentpostHook(agentpost_conn_id=self.conn_id).aget_target()
+
+
+class StoreTrigger(StoreAccess, BaseTrigger):
+    """What the agentpost triggers that end a deferral share: the store through
+    `StoreAccess`; `run` yields the one event `wait` returns, not before `not_before` (see
+    `hold_until`). Running `run` again (a triggerer restart) waits again from the start:
+    waiting changes nothing in the store."""
+
+    not_before: float | None = None
 
     def _settle_kwargs(self) -> dict[str, Any]:
         """`not_before` for serialize(), only when set (older stored kwargs lack it)."""
@@ -193,6 +199,19 @@ class WatchTrigger(StoreTrigger):
 
     channel: ClassVar[str] = INBOX_CHANNEL
     poll_interval: float
+
+    def _reach(self, poll_interval: float, conn_id: str, dsn: str | None,
+               not_before: float | None) -> None:
+        """Keep (checked) what every watch trigger takes besides its subject."""
+        self.poll_interval = positive(poll_interval, "poll_interval")
+        self.conn_id = conn_id
+        self.dsn = dsn
+        self.not_before = settle_time(not_before)
+
+    def _reach_kwargs(self) -> dict[str, Any]:
+        """Those arguments for serialize() (`not_before` only when set)."""
+        return {"poll_interval": self.poll_interval, "conn_id": self.conn_id,
+                "dsn": self.dsn, **self._settle_kwargs()}
 
     @abc.abstractmethod
     def listen_keys(self) -> Sequence[str]:
@@ -273,22 +292,16 @@ class InboxTrigger(WatchTrigger):
         super().__init__(**kwargs)
         self.workspace_id = workspace_of(workspace_id)
         self.min_envelopes = _at_least_one(min_envelopes, "min_envelopes")
-        self.poll_interval = positive(poll_interval, "poll_interval")
-        self.conn_id = conn_id
-        self.dsn = dsn
+        self._reach(poll_interval, conn_id, dsn, not_before)
         self.filter = {k: v for k, v in check_filter(type, sender, in_reply_to,
                                                      priority).items() if v is not None}
-        self.not_before = settle_time(not_before)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return CLASSPATH, {
             "workspace_id": self.workspace_id,
             "min_envelopes": self.min_envelopes,
-            "poll_interval": self.poll_interval,
-            "conn_id": self.conn_id,
-            "dsn": self.dsn,
+            **self._reach_kwargs(),
             **self.filter,
-            **self._settle_kwargs(),
         }
 
     def listen_keys(self) -> Sequence[str]:

@@ -16,7 +16,7 @@ from agentpost.protocol.errors import InvalidInput
 from agentpost.store import EnvelopeStore
 from agentpost.store.checks import text as _text
 from agentpost.store.watches import need_resolution
-from agentpost.triggers.inbox import WatchTrigger, positive, settle_time
+from agentpost.triggers.inbox import WatchTrigger
 
 CLASSPATH = "agentpost.triggers.needs.NeedResolvedTrigger"
 #: the channel a need's resolution is notified on (payload: the need's id)
@@ -53,15 +53,11 @@ class NeedResolvedTrigger(WatchTrigger):
         super().__init__(**kwargs)
         self.need_id = mark_id(need_id, "need id")
         self.space = space_name(space)
-        self.poll_interval = positive(poll_interval, "poll_interval")
-        self.conn_id = conn_id
-        self.dsn = dsn
-        self.not_before = settle_time(not_before)
+        self._reach(poll_interval, conn_id, dsn, not_before)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return CLASSPATH, {"need_id": self.need_id, "space": self.space,
-                           "poll_interval": self.poll_interval, "conn_id": self.conn_id,
-                           "dsn": self.dsn, **self._settle_kwargs()}
+                           **self._reach_kwargs()}
 
     def listen_keys(self) -> Sequence[str]:
         return [self.need_id]

@@ -16,7 +16,7 @@ from agentpost.protocol.models import Envelope
 from agentpost.store import EnvelopeStore
 from agentpost.store.checks import ref as _ref
 from agentpost.store.watches import reply_to
-from agentpost.triggers.inbox import WatchTrigger, positive, settle_time
+from agentpost.triggers.inbox import WatchTrigger
 
 CLASSPATH = "agentpost.triggers.replies.ReplyTrigger"
 
@@ -44,15 +44,11 @@ class ReplyTrigger(WatchTrigger):
         self.envelope_id = _ref(envelope_id, "envelope id")
         self.type = None if type is None else _ref(type, "type")
         self.sender = None if sender is None else _ref(sender, "sender")
-        self.poll_interval = positive(poll_interval, "poll_interval")
-        self.conn_id = conn_id
-        self.dsn = dsn
-        self.not_before = settle_time(not_before)
+        self._reach(poll_interval, conn_id, dsn, not_before)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return CLASSPATH, {"envelope_id": self.envelope_id, "type": self.type,
-                           "sender": self.sender, "poll_interval": self.poll_interval,
-                           "conn_id": self.conn_id, "dsn": self.dsn, **self._settle_kwargs()}
+                           "sender": self.sender, **self._reach_kwargs()}
 
     def listen_keys(self) -> Sequence[str] | None:
         return None if self.sender is None else [self.sender]

@@ -16,7 +16,7 @@ from agentpost.hooks import AgentpostHook
 from agentpost.marks.core import DeferredVerdict
 from agentpost.store import EnvelopeStore
 from agentpost.store.checks import text as _text
-from agentpost.triggers.inbox import WatchTrigger, positive, settle_time
+from agentpost.triggers.inbox import WatchTrigger
 from agentpost.triggers.needs import mark_id, space_name
 
 CLASSPATH = "agentpost.triggers.verdicts.VerdictTrigger"
@@ -62,16 +62,12 @@ class VerdictTrigger(WatchTrigger):
         self.agent_id = mark_id(agent_id, "agent id")
         self.space = space_name(space)
         self.intent_id = None if intent_id is None else mark_id(intent_id, "intent id")
-        self.poll_interval = positive(poll_interval, "poll_interval")
-        self.conn_id = conn_id
-        self.dsn = dsn
-        self.not_before = settle_time(not_before)
+        self._reach(poll_interval, conn_id, dsn, not_before)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return CLASSPATH, {"scope": self.scope, "resource": self.resource,
                            "agent_id": self.agent_id, "space": self.space,
-                           "intent_id": self.intent_id, "poll_interval": self.poll_interval,
-                           "conn_id": self.conn_id, "dsn": self.dsn, **self._settle_kwargs()}
+                           "intent_id": self.intent_id, **self._reach_kwargs()}
 
     def listen_keys(self) -> Sequence[str]:
         return [self.agent_id]
