@@ -229,7 +229,8 @@ def test_event_trigger_reports_each_arrival_once_across_instances(
     send(inboxes, "w1", "before the watcher")
 
     def watcher(name: str = "dag:a") -> InboxEventTrigger:
-        return InboxEventTrigger("w1", watcher=name, poll_interval=0.5, dsn=dsn)
+        return InboxEventTrigger("w1", watcher=name, poll_interval=0.5, min_interval=0.05,
+                                 dsn=dsn)
 
     assert asyncio.run(nothing_more(watcher()))  # first claim: starts watching
     assert asyncio.run(nothing_more(watcher("dag:b")))

@@ -320,7 +320,7 @@ def event_driven(api: Api, dsn: str, arrivals: int, limit: float = 240.0) -> dic
             "failed_runs": sum(r.get("state") == "failed" for r in runs)}
 
 
-def soak(runs: int, concurrency: int, settle: float, admin_dsn: str,
+def soak(runs: int, concurrency: int, settle: float | None, admin_dsn: str,
          keep: Path | None = None, events: int = 0) -> dict[str, Any]:
     """Run the soak; the result as a dict (see `main`)."""
     from agentpost.store import EnvelopeStore
@@ -334,8 +334,9 @@ def soak(runs: int, concurrency: int, settle: float, admin_dsn: str,
                 store.create_workspace("worker", parent="boss", workspace_id=EVENTS_WS)
             dags = home / "dags"
             dags.mkdir()
+            hold = None if settle is None else float(settle)
             (dags / "agentpost_soak.py").write_text(
-                DAG_FILE.format(dag_id=DAG_ID, task_id=TASK_ID, settle=float(settle)))
+                DAG_FILE.format(dag_id=DAG_ID, task_id=TASK_ID, settle=hold))
             if events:
                 (dags / "agentpost_soak_events.py").write_text(EVENTS_DAG_FILE)
             port = free_port()
@@ -378,8 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--settle", type=float, default=5.0,
-                        help="the sensors' settle time (0: no hold, shows the race)")
+    parser.add_argument("--settle", type=float, default=None,
+                        help="the sensors' settle time (default: theirs; 0: no hold)")
     parser.add_argument("--admin-dsn", default=os.environ.get(
         "AGENTPOST_SOAK_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))
     parser.add_argument("--events", type=int, default=3,

@@ -3,9 +3,10 @@
 The DAG is scheduled on an Asset whose watcher is `InboxEventTrigger`: every envelope that
 arrives in the inbox becomes one asset event (claimed in the store, so never reported
 twice, docs/airflow.md "Sensors and triggers"), and the scheduler starts a run for it.
-Airflow folds asset events that arrive before the scheduler creates the run into that one
-run, so a run handles every arrival in its ``triggering_asset_events``: each arrival is
-handled by exactly one run, though a run may handle several.
+The trigger paces its events (`min_interval`) so that each arrival normally gets its own
+run; a run still handles every arrival in its ``triggering_asset_events`` (Airflow may put
+several asset events into one run, or leave one stored while a run was being created to the
+next run).
 """
 
 from __future__ import annotations

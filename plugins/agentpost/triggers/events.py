@@ -68,23 +68,30 @@ class InboxEventTrigger(StoreAccess, BaseEventTrigger):
     :param agentpost_conn_id: the ``agentpost`` connection, resolved in the triggerer (else
         AGENTPOST_DSN); `dsn` overrides it (tests, scripts).
     :param poll_interval: the fallback poll; a delivery NOTIFYs the trigger at once.
+    :param min_interval: seconds between two events. Airflow's scheduler keeps one queued
+        asset-triggered run per DAG: an asset event stored while that run is being created
+        is not in its ``triggering_asset_events`` and waits for the next arrival's run
+        (seen under standalone with three envelopes sent at once: one run, one arrival).
+        Pacing events a scheduler loop or two apart gives each its own run; arrivals wait
+        unclaimed in the inbox meanwhile.
     """
 
     def __init__(self, workspace_id: str, agentpost_conn_id: str = AgentpostHook.default_conn_name,
                  watcher: str | None = None, poll_interval: float = 30.0,
-                 dsn: str | None = None, **kwargs: Any) -> None:
+                 dsn: str | None = None, min_interval: float = 2.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.workspace_id = workspace_of(workspace_id)
         self.agentpost_conn_id = self.conn_id = agentpost_conn_id
         self.watcher = _ref(watcher or f"inbox:{self.workspace_id}", "watcher")
         self.poll_interval = positive(poll_interval, "poll_interval")
+        self.min_interval = positive(min_interval, "min_interval")
         self.dsn = dsn
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return CLASSPATH, {"workspace_id": self.workspace_id,
                            "agentpost_conn_id": self.agentpost_conn_id,
                            "watcher": self.watcher, "poll_interval": self.poll_interval,
-                           "dsn": self.dsn}
+                           "min_interval": self.min_interval, "dsn": self.dsn}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Claim and report arrivals, one at a time; wait on LISTEN (or the poll) when none
@@ -101,6 +108,7 @@ class InboxEventTrigger(StoreAccess, BaseEventTrigger):
                 if envelope is not None:
                     self.log.info("%s: envelope %s arrived", label, envelope.id)
                     yield TriggerEvent(arrival(envelope, self.watcher))
+                    await asyncio.sleep(self.min_interval)  # claim the next one after it
                 else:
                     await listener.wait(self.poll_interval)
                 envelope = await self._claim(claims, label)
