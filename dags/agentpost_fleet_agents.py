@@ -3,9 +3,9 @@
 
 The drivers and the weather poller are source agents: each runs every interval of its
 manifest, one activation at a time (Markspace §14, P56). Their code is named in the fleet
-file (``agentpost_agents.parking:park``, in this folder). The dispatcher is reactive (its
-inbox wakes it) and is built once ``agentpost.triggers.InboxEventTrigger`` is installed:
-then drop ``kinds``.
+file (``agentpost_agents.parking:park``, in this folder). The dispatcher is reactive: each
+envelope arriving in its inbox starts one run (an asset watcher on
+``agentpost.triggers.InboxEventTrigger``).
 
 Apply the fleet to the store first: ``agentpost fleet apply dags/fleet.yaml``.
 """
@@ -18,4 +18,4 @@ from agentpost.factories.fleet import agent_dags
 
 FLEET = Path(__file__).with_name("fleet.yaml")
 
-globals().update(agent_dags(FLEET, kinds=("source", "manual")))
+globals().update(agent_dags(FLEET))

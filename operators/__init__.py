@@ -17,7 +17,6 @@ if TYPE_CHECKING:
         QueryOperator,
         SendEnvelopeOperator,
     )
-    from agentpost.operators.inbox import InboxSensor
     from agentpost.operators.leases import (
         AckOperator,
         LeaseOperator,
@@ -26,11 +25,21 @@ if TYPE_CHECKING:
     )
     from agentpost.operators.marks import GuardedActionOperator, WriteMarkOperator
     from agentpost.operators.sagas import DagSaga, SagaStepOperator
+    from agentpost.operators.sensors import (
+        InboxSensor,
+        NeedResolvedSensor,
+        ReplySensor,
+        VerdictSensor,
+    )
     from agentpost.operators.setup import TopologyOperator
 
+_SENSORS = "agentpost.operators.sensors"
 _WHERE = {
     "CommandOperator": "agentpost.operators.commands",
-    "InboxSensor": "agentpost.operators.inbox",
+    "InboxSensor": _SENSORS,
+    "NeedResolvedSensor": _SENSORS,
+    "ReplySensor": _SENSORS,
+    "VerdictSensor": _SENSORS,
     "SendEnvelopeOperator": "agentpost.operators.envelopes",
     "DirectiveOperator": "agentpost.operators.envelopes",
     "QueryOperator": "agentpost.operators.envelopes",
@@ -48,8 +57,8 @@ _WHERE = {
 
 __all__ = ["AckOperator", "CommandOperator", "DagSaga", "DirectiveOperator", "FeedbackOperator",
            "GuardedActionOperator", "InboxSensor", "LeaseOperator", "NackOperator",
-           "QueryOperator", "SagaStepOperator", "SendEnvelopeOperator", "TopologyOperator",
-           "WriteMarkOperator",
+           "NeedResolvedSensor", "QueryOperator", "ReplySensor", "SagaStepOperator",
+           "SendEnvelopeOperator", "TopologyOperator", "VerdictSensor", "WriteMarkOperator",
            "agentpost_task"]
 
 

@@ -43,13 +43,13 @@ from airflow.sdk.exceptions import AirflowException
 from airflow.sdk.module_loading import import_string
 from psycopg2.extensions import parse_dsn
 
-from agentpost import triggers
 from agentpost.hooks import AgentpostHook
 from agentpost.operators import InboxSensor
 from agentpost.protocol.errors import ConfigurationError, InvalidInput, StoreUnavailable
 from agentpost.store import EnvelopeStore
 from agentpost.store.server import libpq_dsn
 from agentpost.triggers import InboxTrigger, StoreTrigger, available
+from agentpost.triggers import inbox as triggers
 from dbtools import connect, rows
 from test_leases import LONG_TTL, send, topology
 

@@ -1,6 +1,6 @@
 """Fleet files (docs/fleet.md): the model refuses bad files whole, in one line; applying one
 is idempotent and refuses what the store cannot change in place, writing nothing; the CLI;
-verdict notifications (sql/0060); the maintenance DAG's checkpoint files and verification.
+verdict notifications (sql/0040); the maintenance DAG's checkpoint files and verification.
 
 Against the real store (a fresh database per test, tests/conftest.py).
 """
@@ -255,9 +255,9 @@ def test_cli_fleet_show_and_apply(dsn: str, tmp_path: Path,
 
 
 def test_a_boundary_notifies_each_verdict(store: EnvelopeStore, dsn: str) -> None:
-    """sql/0060: every verdict a boundary stores is announced on `agentpost_verdict` at its
-    commit, so a waiting agent's sensor wakes; the boundary's summary names the winner (the
-    highest confidence, Markspace P15) and each agent's verdict."""
+    """sql/0040: every verdict a boundary stores is announced on `agentpost_verdict` (the
+    agent's id) at its commit, so a waiting agent's sensor wakes; the boundary's summary
+    names the winner (the highest confidence, Markspace P15) and each agent's verdict."""
     fleet = load_fleet(EXAMPLE)
     apply(store, fleet)
     space = PostgresMarkSpace(dsn, scopes=fleet.scopes, space=fleet.space)
@@ -277,23 +277,18 @@ def test_a_boundary_notifies_each_verdict(store: EnvelopeStore, dsn: str) -> Non
     assert summary == [{"scope": "parking", "resource": "spot-7", "winner": "driver-b",
                         "verdicts": {"driver-a": "blocked", "driver-b": "allow"}}]
     ids = {str(fleet.agent(n).id): n for n in ("driver-a", "driver-b")}
-    assert sorted((ids[p["agent_id"]], p["allowed"]) for p in heard) == [
-        ("driver-a", False), ("driver-b", True)]
-    assert {(p["space"], p["scope"], p["resource"]) for p in heard} == {
-        ("city", "parking", "spot-7")}
+    assert sorted(ids[p] for p in heard) == ["driver-a", "driver-b"]
     with pytest.raises(InvalidInput, match="'weather' is not a deferred scope of fleet"):
         run_boundary(dsn, fleet, scopes=["weather"])
 
 
-def _notifications(conn: Any, count: int, within: float = 10.0) -> list[dict[str, Any]]:
-    import json
-
-    heard: list[dict[str, Any]] = []
+def _notifications(conn: Any, count: int, within: float = 10.0) -> list[str]:
+    heard: list[str] = []
     deadline = time.monotonic() + within
     while len(heard) < count and time.monotonic() < deadline:
         select.select([conn], [], [], 0.5)
         conn.poll()
-        heard += [json.loads(n.payload) for n in conn.notifies]
+        heard += [n.payload for n in conn.notifies]
         conn.notifies.clear()
     return heard
 

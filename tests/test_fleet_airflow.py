@@ -35,7 +35,6 @@ from typing import Any
 import pytest
 import yaml
 
-import agentpost.triggers
 from agentpost.factories.boundary import boundary_dag
 from agentpost.factories.fleet import agent_dag, agent_dags
 from agentpost.factories.maintenance import checkpoints, maintenance_dag
@@ -159,7 +158,7 @@ print("BAG " + json.dumps({{
     dags = bag["dags"]
     assert dags["agent_city_driver-a"] == ["0:05:00", 1, False, [], ["activate"]]
     assert dags["agent_city_weather-poller"][:3] == ["0:10:00", 1, False]
-    assert "agent_city_dispatcher" not in dags  # reactive: needs InboxEventTrigger
+    assert dags["agent_city_dispatcher"][1:] == [1, False, [], ["activate"]]  # on its inbox
     assert dags["boundary_city"] == ["0:01:00", 1, False, ["resource", "scopes"], ["resolve"]]
     assert dags["agentpost_maintenance"] == [
         "0:05:00", 1, False, ["checkpoint_dir", "keep"], ["maintain", "verify", "checkpoint"]]
@@ -203,37 +202,18 @@ def test_a_bad_manifest_fails_the_parse_with_a_clear_message(tmp_path: Path) -> 
     no_deferred = _fleet_file(tmp_path, lambda d: d["scopes"][0].update(deferred=False))
     with pytest.raises(FleetError, match="no scope is deferred"):
         boundary_dag(no_deferred)
-    with pytest.raises(FleetError, match=r"is reactive, but agentpost\.triggers\."
-                                         r"InboxEventTrigger is not installed"):
-        agent_dag(EXAMPLE, "dispatcher", fn=print)
 
 
-def test_a_reactive_agent_is_scheduled_on_its_inbox_asset(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reactive_agent_is_scheduled_on_its_inbox_asset() -> None:
     """A reactive agent's DAG is scheduled on an Asset watched by InboxEventTrigger on its
-    inbox, one run at a time. The trigger is another engineer's (not in this tree): a
-    stand-in event trigger with its signature checks the wiring."""
-    from airflow.triggers.base import BaseEventTrigger
+    inbox (the reactive factory's asset), one run at a time."""
+    from agentpost.triggers import InboxEventTrigger
 
-    class InboxEventTrigger(BaseEventTrigger):
-        def __init__(self, workspace_id: str, agentpost_conn_id: str = "agentpost_default"):
-            super().__init__()
-            self.workspace_id, self.agentpost_conn_id = workspace_id, agentpost_conn_id
-
-        def serialize(self) -> tuple[str, dict[str, Any]]:
-            return ("agentpost.triggers.InboxEventTrigger",
-                    {"workspace_id": self.workspace_id,
-                     "agentpost_conn_id": self.agentpost_conn_id})
-
-        async def run(self) -> Any:  # pragma: no cover - never run here
-            yield None
-
-    monkeypatch.setattr(agentpost.triggers, "InboxEventTrigger", InboxEventTrigger,
-                        raising=False)
     dag = agent_dag(EXAMPLE, "dispatcher", fn=print, agentpost_conn_id="city_store")
     (asset,) = dag.schedule.objects
     (watcher,) = asset.watchers
     assert asset.name == "agentpost-inbox-dispatch"
+    assert isinstance(watcher.trigger, InboxEventTrigger)
     assert (watcher.trigger.workspace_id, watcher.trigger.agentpost_conn_id) == (
         "dispatch", "city_store")
     assert dag.max_active_runs == 1
@@ -302,7 +282,7 @@ def test_fleet_dags_under_dag_test(city: EnvelopeStore, dsn: str, tmp_path: Path
 
     1. Two agents' pre_action in two other processes: BLOCKED, pending (phase 1).
     2. The boundary DAG (dag.test(), a manual trigger with params) resolves: its summary
-       names the most confident agent (P15), and each verdict is NOTIFYed (sql/0060).
+       names the most confident agent (P15), and each verdict is NOTIFYed (sql/0040).
     3. The same agents in new processes now see ALLOW (the winner) and BLOCKED with the
        winner (the loser): the verdicts are the space's, not the boundary process's (P16,
        P17).

@@ -6,7 +6,7 @@ schedule (P16: no intent waits for its TTL) and on demand: a manual trigger with
 The task builds a `PostgresMarkSpace` of the fleet's space and a `Guard`, and calls
 `Guard.resolve_all_deferred` (or `resolve_deferred` per scope for one resource). The
 verdicts are durable in the space (``agentpost.mark_verdicts``, written in the boundary's
-own lock transaction), every insert NOTIFYs ``agentpost_verdict`` (sql/0060), and agents
+own lock transaction), every insert NOTIFYs ``agentpost_verdict`` (sql/0040), and agents
 learn theirs by asking the guard again (`pre_action` or `execute` with the same intent).
 The XCom is a summary: per (scope, resource), the winner and each agent's verdict, by name.
 """

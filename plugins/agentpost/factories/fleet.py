@@ -161,19 +161,11 @@ def _schedule(fleet: Fleet, spec: AgentDef, conn_id: str) -> Any:
 
 
 def inbox_asset(fleet: Fleet, spec: AgentDef, inbox: str, conn_id: str) -> Asset:
-    """The Asset a reactive agent is scheduled on: its watcher runs InboxEventTrigger (an
-    event trigger of agentpost.triggers that claims what it reports) on the inbox."""
-    from airflow.sdk import Asset, AssetWatcher
+    """The Asset a reactive agent is scheduled on: the same inbox asset as the reactive
+    factory's (its watcher runs InboxEventTrigger, which claims each arrival it reports)."""
+    from agentpost.factories.reactive import inbox_asset as reactive_inbox
 
-    try:
-        from agentpost.triggers import InboxEventTrigger
-    except ImportError:
-        raise FleetError(fleet.source, f"agent {spec.name!r}",
-                         "is reactive, but agentpost.triggers.InboxEventTrigger is not "
-                         "installed (run it as a source agent, or upgrade agentpost)") from None
-    name = f"agentpost-inbox-{inbox}"
-    trigger = InboxEventTrigger(workspace_id=inbox, agentpost_conn_id=conn_id)
-    return Asset(name=name, watchers=[AssetWatcher(name=name, trigger=trigger)])
+    return reactive_inbox(inbox, agentpost_conn_id=conn_id)
 
 
 # -- the activation task --------------------------------------------------------------------------
@@ -224,9 +216,10 @@ def run_agent(fleet: Fleet, name: str, code: AgentCallable,
 
 
 def _events(context: Mapping[str, Any]) -> list[Any]:
-    """The payloads of the inbox events that triggered this run (reactive agents)."""
-    triggering = context.get("triggering_asset_events") or {}
-    return [dict(event.extra or {}) for events in triggering.values() for event in events]
+    """The arrivals that triggered this run (reactive agents), oldest first."""
+    from agentpost.factories.reactive import arrivals
+
+    return arrivals(context.get("triggering_asset_events"))
 
 
 __all__ = ["AgentCallable", "AgentContext", "agent_dag", "agent_dags", "inbox_asset",

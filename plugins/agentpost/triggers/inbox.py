@@ -1,0 +1,328 @@
+"""Triggers that wait on the envelope store from Airflow's triggerer: the shared machinery
+(`StoreTrigger`, `WatchTrigger`) and `InboxTrigger`.
+
+`InboxTrigger` fires when an inbox holds enough envelopes a consumer could lease. It waits on
+LISTEN (the store NOTIFYs ``agentpost_inbox`` whenever an inbox gains leasable envelopes) with
+polling as the fallback, so a deferred sensor wakes as soon as an envelope is delivered, not
+at its next poll (issue 3, "Live delivery"). Notifications are only hints: every wake-up
+re-counts in the store.
+
+Everything that touches the database runs in a worker thread (`asyncio.to_thread`) or, for
+LISTEN, waits on the socket from the event loop, so the triggerer's loop never blocks.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import re
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, ClassVar, TypeVar
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from agentpost.hooks import AgentpostHook, StoreTarget
+from agentpost.protocol.errors import InvalidInput, StoreUnavailable
+from agentpost.protocol.leases import workspace_of
+from agentpost.store import EnvelopeStore
+from agentpost.store.listen import INBOX_CHANNEL, AsyncListener
+from agentpost.store.watches import check_filter, matching
+
+T = TypeVar("T")
+
+CLASSPATH = "agentpost.triggers.InboxTrigger"
+#: a store that has not answered yet is retried this often, this many seconds apart, before
+#: the trigger gives up (a blip is ridden out, a wrong host or port is reported quickly)
+FIRST_COUNT_ATTEMPTS = 4
+FIRST_COUNT_RETRY_S = 1.0
+
+
+def available(store: EnvelopeStore, workspace_id: str) -> int:
+    """Envelopes of the inbox a lease could take now (lease's own conditions, the blocking
+    gate included). Blocking, synchronous: call it in a thread from async code."""
+    return store.leasable(workspace_id)
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one short line for a TriggerEvent (events are stored and shown in the UI;
+    a traceback belongs in the log)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    message = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return message if len(message) <= 300 else message[:299] + "…"
+
+
+def redact(dsn: str | None) -> str | None:
+    """A DSN without its password, for logs and reprs."""
+    if dsn is None:
+        return None
+    dsn = re.sub(r"(://[^:/@?#]*:)[^@/?#]*@", r"\1***@", dsn)
+    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
+
+
+def positive(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise InvalidInput(f"{what} must be a positive number")
+    return float(value)
+
+
+def _at_least_one(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInput(f"{what} must be a whole number of at least 1")
+    return value
+
+
+class TriggerStore:
+    """A trigger's store, used from worker threads one call at a time. A trigger cancelled
+    while a call runs in its thread must not close the pool under that thread (the
+    connection would be orphaned and stay open): the store is closed once no call runs, by
+    a short-lived thread, so the event loop never waits for it. Subclasses make their calls
+    under `_lock`."""
+
+    def __init__(self, store: EnvelopeStore) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+
+    def close_soon(self) -> None:
+        threading.Thread(target=self._close, name="agentpost-trigger-close", daemon=True).start()
+
+    def _close(self) -> None:
+        with self._lock:
+            self.release()
+
+    def release(self) -> None:
+        """Close what the calls used (the lock is held)."""
+        self.store.close()
+
+
+async def first_check(check: Callable[[], T], log: Any, what: str) -> T:
+    """A trigger's first look at the store, in a worker thread, retried briefly while the
+    store is unreachable (a triggerer restarting with the database): later looks wait for
+    the next poll instead, but without a first answer there is nothing to wait on."""
+    attempt = 1
+    while True:
+        try:
+            return await asyncio.to_thread(check)
+        except StoreUnavailable as exc:
+            if attempt >= FIRST_COUNT_ATTEMPTS:
+                raise
+            log.warning("%s: store unavailable (attempt %d): %s", what, attempt, one_line(exc))
+        attempt += 1
+        await asyncio.sleep(FIRST_COUNT_RETRY_S)
+
+
+async def hold_until(not_before: float | None, log: Any) -> None:
+    """Wait until the wall-clock time `not_before` (epoch seconds) if it is still ahead.
+
+    Why: a deferred task's trigger may fire before the scheduler has processed the executor's
+    report that the deferring worker exited. Airflow then sees a stale "success" for a task
+    instance it has already queued again, and fails it ("finished with state success, but
+    the task instance's state attribute is queued"; docs/airflow.md, "Sensors and
+    triggers"). Holding an early event until a settle time after the deferral lets that
+    report be processed while the task instance is still deferred."""
+    if not_before is None:
+        return
+    delay = not_before - time.time()
+    if delay > 0:
+        log.info("holding the event %.1f s, until the deferral has settled", delay)
+        await asyncio.sleep(delay)
+
+
+class StoreAccess:
+    """How a trigger reaches the store: through the Airflow connection `conn_id`, resolved
+    in the triggerer (no password among the stored kwargs), unless `dsn` overrides it; the
+    repr hides the DSN's password."""
+
+    conn_id: str
+    dsn: str | None
+
+    def __repr__(self) -> str:
+        classpath, kwargs = self.serialize()  # type: ignore[attr-defined]
+        return self.repr(classpath, {**kwargs, "dsn": redact(self.dsn)})  # type: ignore[attr-defined]
+
+    async def _target(self) -> StoreTarget:
+        if self.dsn:
+            return StoreTarget(dsn=self.dsn, source="dsn")
+        return await AgentpostHook(agentpost_conn_id=self.conn_id).aget_target()
+
+
+class StoreTrigger(StoreAccess, BaseTrigger):
+    """What the agentpost triggers that end a deferral share: the store through
+    `StoreAccess`; `run` yields the one event `wait` returns, not before `not_before` (see
+    `hold_until`). Running `run` again (a triggerer restart) waits again from the start:
+    waiting changes nothing in the store."""
+
+    not_before: float | None = None
+
+    def _settle_kwargs(self) -> dict[str, Any]:
+        """`not_before` for serialize(), only when set (older stored kwargs lack it)."""
+        return {} if self.not_before is None else {"not_before": self.not_before}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        event = await self.wait()
+        await hold_until(self.not_before, self.log)
+        yield event
+
+    @abc.abstractmethod
+    async def wait(self) -> TriggerEvent:
+        """Wait for what the trigger watches; the one event `run` yields."""
+
+
+def settle_time(value: object) -> float | None:
+    """A `not_before` argument: None, or epoch seconds."""
+    if value is None:
+        return None
+    return positive(value, "not_before")
+
+
+class _Checks(TriggerStore):
+    """A trigger's check over its store, one call at a time (see TriggerStore)."""
+
+    def __init__(self, store: EnvelopeStore,
+                 check: Callable[[EnvelopeStore], dict[str, Any] | None]) -> None:
+        super().__init__(store)
+        self._check = check
+
+    def run(self) -> dict[str, Any] | None:
+        with self._lock:
+            return self._check(self.store)
+
+
+class WatchTrigger(StoreTrigger):
+    """A trigger that waits until `check` finds what it watches: it LISTENs on `channel`
+    for `listen_keys()` before its first check (a change between the two is either seen or
+    notified), re-checks on every notification, and every `poll_interval` seconds in case
+    one was lost. The first check is retried briefly while the store is unreachable; later
+    ones wait for the next poll. Whatever makes watching impossible ends in an error event
+    ``{"status": "error", **subject(), "message": <one line>}``."""
+
+    channel: ClassVar[str] = INBOX_CHANNEL
+    poll_interval: float
+
+    def _reach(self, poll_interval: float, conn_id: str, dsn: str | None,
+               not_before: float | None) -> None:
+        """Keep (checked) what every watch trigger takes besides its subject."""
+        self.poll_interval = positive(poll_interval, "poll_interval")
+        self.conn_id = conn_id
+        self.dsn = dsn
+        self.not_before = settle_time(not_before)
+
+    def _reach_kwargs(self) -> dict[str, Any]:
+        """Those arguments for serialize() (`not_before` only when set)."""
+        return {"poll_interval": self.poll_interval, "conn_id": self.conn_id,
+                "dsn": self.dsn, **self._settle_kwargs()}
+
+    @abc.abstractmethod
+    def listen_keys(self) -> Sequence[str]:
+        """The notification payloads that concern this trigger."""
+
+    @abc.abstractmethod
+    def check(self, store: EnvelopeStore) -> dict[str, Any] | None:
+        """The event's payload once what is watched is there, else None. Blocking."""
+
+    @abc.abstractmethod
+    def subject(self) -> dict[str, Any]:
+        """What the trigger watches, as it appears in its events."""
+
+    def label(self) -> str:
+        return " ".join(f"{k} {v}" for k, v in self.subject().items())
+
+    async def wait(self) -> TriggerEvent:
+        try:
+            target = await self._target()
+            store = await asyncio.to_thread(target.open)
+        except Exception as exc:
+            return self._error(exc)
+        checks = _Checks(store, self.check)
+        listener = AsyncListener(store.dsn, self.listen_keys())
+        listener.channel = self.channel
+        try:
+            await listener.wait(0)
+            payload = await first_check(checks.run, self.log, self.label())
+            while payload is None:
+                woke = await listener.wait(self.poll_interval)
+                self.log.debug("%s: %s", self.label(), "notified" if woke else "poll")
+                payload = await self._recheck(checks)
+        except Exception as exc:
+            return self._error(exc)
+        finally:
+            listener.close()
+            checks.close_soon()
+        self.log.info("%s: %s", self.label(), payload.get("status"))
+        return TriggerEvent(payload)
+
+    async def _recheck(self, checks: _Checks) -> dict[str, Any] | None:
+        """One check after the first; None while the store is away (waited out until the
+        deferral's timeout)."""
+        try:
+            return await asyncio.to_thread(checks.run)
+        except StoreUnavailable as exc:
+            self.log.warning("%s: store unavailable, retrying at the next poll: %s",
+                             self.label(), one_line(exc))
+            return None
+
+    def _error(self, exc: BaseException) -> TriggerEvent:
+        self.log.error("%s cannot be watched", self.label(), exc_info=exc)
+        return TriggerEvent({"status": "error", **self.subject(), "message": one_line(exc)})
+
+
+class InboxTrigger(WatchTrigger):
+    """Fires once when at least `min_envelopes` envelopes of `workspace_id`'s inbox are
+    available to lease; with a filter (`type`, `sender`, `in_reply_to`, `priority`), only
+    envelopes matching all of its fields count.
+
+    The store is found through the Airflow connection `conn_id` (resolved in the triggerer,
+    so no password travels in the trigger's kwargs, which Airflow stores and logs), or
+    through `dsn` when one is given explicitly.
+
+    Event payloads: ``{"status": "ready", "workspace_id", "available"}``, with a filter also
+    ``"envelope_ids"`` (the first 100 matching, in processing order), or ``{"status":
+    "error", "workspace_id", "message"}`` (one line) when the inbox cannot be watched:
+    unknown workspace, no store configured, a store that does not answer the first few
+    attempts. A store that answered once and then drops (a restart, a failover) is waited
+    out: every poll tries again, until the deferral's timeout.
+    """
+
+    def __init__(self, workspace_id: str, min_envelopes: int = 1, poll_interval: float = 30.0,
+                 conn_id: str = AgentpostHook.default_conn_name, dsn: str | None = None,
+                 type: str | None = None, sender: str | None = None,
+                 in_reply_to: str | None = None, priority: str | None = None,
+                 not_before: float | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.workspace_id = workspace_of(workspace_id)
+        self.min_envelopes = _at_least_one(min_envelopes, "min_envelopes")
+        self._reach(poll_interval, conn_id, dsn, not_before)
+        self.filter = {k: v for k, v in check_filter(type, sender, in_reply_to,
+                                                     priority).items() if v is not None}
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return CLASSPATH, {
+            "workspace_id": self.workspace_id,
+            "min_envelopes": self.min_envelopes,
+            **self._reach_kwargs(),
+            **self.filter,
+        }
+
+    def listen_keys(self) -> Sequence[str]:
+        return [self.workspace_id]
+
+    def subject(self) -> dict[str, Any]:
+        return {"workspace_id": self.workspace_id}
+
+    def label(self) -> str:
+        return f"inbox {self.workspace_id}"
+
+    def check(self, store: EnvelopeStore) -> dict[str, Any] | None:
+        """Count what a lease could take (matching the filter, if any)."""
+        ws = self.workspace_id
+        if not self.filter:
+            n = available(store, ws)
+            ready: dict[str, Any] = {"status": "ready", "workspace_id": ws, "available": n}
+        else:
+            found = matching(store, ws, **self.filter)
+            n = found.available
+            ready = {"status": "ready", "workspace_id": ws, "available": n,
+                     "envelope_ids": list(found.envelope_ids)}
+        self.log.debug("inbox %s: %d envelope(s) available", ws, n)
+        return ready if n >= self.min_envelopes else None
