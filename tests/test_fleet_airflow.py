@@ -317,7 +317,8 @@ def test_fleet_dags_under_dag_test(city: EnvelopeStore, dsn: str, tmp_path: Path
     assert boundary["xcom"]["resolve"] == [
         {"scope": "parking", "resource": "spot-9", "winner": "driver-c",
          "verdicts": {"driver-a": "blocked", "driver-c": "allow"}}]
-    assert sorted(p["allowed"] for p in heard) == [False, True]
+    agents = load_fleet(EXAMPLE)
+    assert sorted(heard) == sorted(str(agents.agent(n).id) for n in ("driver-a", "driver-c"))
 
     after = in_processes(dsn, [["driver-a"], ["driver-c"]], "spot-9")
     assert after == [[("blocked", "driver-c")], [("allow", None)]]

@@ -21,8 +21,10 @@ OPERATOR_MODULES = ["agentpost.operators.commands", "agentpost.operators.common"
                     "agentpost.operators.envelopes", "agentpost.operators.leases",
                     "agentpost.operators.marks", "agentpost.operators.sagas",
                     "agentpost.operators.setup"]
-SENSOR_MODULES = ["agentpost.operators.inbox"]
-TRIGGER_MODULES = ["agentpost.triggers", "agentpost.command_triggers"]
+SENSOR_MODULES = ["agentpost.operators.sensors"]
+TRIGGER_MODULES = ["agentpost.triggers.commands", "agentpost.triggers.events",
+                   "agentpost.triggers.inbox", "agentpost.triggers.needs",
+                   "agentpost.triggers.replies", "agentpost.triggers.verdicts"]
 #: class paths of BaseOperatorLink subclasses (none yet)
 EXTRA_LINKS: list[str] = []
 #: the project's documentation, as paths in the repository (Airflow's "how-to-guide" form)
