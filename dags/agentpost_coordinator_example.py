@@ -22,7 +22,8 @@ from agentpost.operators import (
 BOSS, WORKERS = "coordinator-1", ("worker-a", "worker-b")
 
 
-@dag(schedule=None, start_date=datetime(2026, 1, 1), catchup=False)
+@dag(schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+     tags=["agentpost", "example"])
 def agentpost_coordinator_example():
     setup = TopologyOperator(task_id="setup", workspaces=[
         (BOSS, "coordinator"), *((w, "worker", BOSS) for w in WORKERS)])

@@ -24,4 +24,4 @@ def count(payload: dict) -> dict:
 
 dag = route_dag("agentpost_route_example",
                 [("split", split), ("shout", shout), ("count", count)],
-                payloads=[{"text": "route me please"}])
+                payloads=[{"text": "route me please"}], tags=["agentpost", "example"])
