@@ -4,6 +4,7 @@ another channel is a conflict; the Courier-shaped enqueue validates like §4.1 s
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 from typing import Any
@@ -144,3 +145,26 @@ def test_enqueue_bad_client_id_is_a_rejection_without_the_id(store: EnvelopeStor
     res = store.enqueue("w1", _courier(id="has space"))
     assert res.status == "rejected" and res.reason == "invalid_structure"
     assert res.envelope_id != "has space"
+
+
+def _phase_one_only(store: EnvelopeStore, key: str) -> None:
+    """What a sender that died between the two phases of a send leaves: the envelope accepted
+    and on the trail (phase 1 committed), not delivered."""
+    row = store._draft({"from": "boss", "to": "w1", "type": "task", "content": "first",
+                        "envelope_id": key}, 0)
+    with store.db.cursor() as cur:
+        cur.execute("SELECT count(*) FROM agentpost._accept(%s::jsonb, 'agent', NULL)",
+                    (json.dumps([row.row]),))
+    assert store.get(key).status.value == "validated"
+
+
+def test_idempotent_retry_completes_an_unfinished_delivery(store: EnvelopeStore) -> None:
+    """Courier §6.4 (a retry with the same id is the same envelope) with WACP §6
+    (durability): the retry of a send whose sender died after phase 1 delivers the original,
+    at once, and reports it delivered; nothing is sent twice and the trail verifies."""
+    _world(store)
+    _phase_one_only(store, "half-sent")
+    again = store.send("boss", "w1", "task", "second", envelope_id="half-sent")
+    assert again.duplicate and again.status.value == "acknowledged", again
+    assert [e.content for e in store.inbox("w1")] == ["first"]
+    assert store.verify_trail().ok
