@@ -245,6 +245,10 @@ def _watcher_latencies(client: AirflowClient, store: EnvelopeStore, n: int) -> l
     """Seconds from each send to the start of the DAG run it caused (after one warm-up
     envelope that proves the watcher is live)."""
     ws = store.create_workspace("worker", parent=LEAD, workspace_id=WATCHED).id
+    # the watcher reports arrivals from its first claim on: send once the triggerer runs it
+    wait_until(lambda: store.db.fetchall(
+        "SELECT 1 FROM agentpost.event_watchers WHERE watcher = %s", (f"inbox:{ws}",)) or None,
+        180, "the inbox watcher to start", interval=0.5)
     latencies = []
     for i in range(n + 1):
         before = len(client.runs(WATCHER_DAG))
