@@ -15,6 +15,7 @@ A lease outlives its task: the TTL must cover the gap until the mapped tasks run
 
 from __future__ import annotations
 
+import abc
 import functools
 import inspect
 from collections.abc import Callable, Sequence
@@ -121,12 +122,13 @@ class _SettleOperator(StoreOperator):
                 self.log.info("envelope %s: already settled by an earlier try", envelope_id)
         return envelope_id
 
+    @abc.abstractmethod
     def settle(self, store: EnvelopeStore, token: str) -> None:
-        raise NotImplementedError
+        """Ack or nack the lease."""
 
+    @abc.abstractmethod
     def settled(self, store: EnvelopeStore, envelope_id: str) -> bool:
         """Whether an earlier try of this task did what this one was asked to do."""
-        raise NotImplementedError
 
 
 class AckOperator(_SettleOperator):

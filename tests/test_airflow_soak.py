@@ -8,8 +8,6 @@ leaves its port closed. Slow (a minute or two): standalone starts four processes
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from agentpost.benchmarks.airflow_soak import soak
@@ -17,8 +15,6 @@ from agentpost.store.server import PostgresServer
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("asyncpg") is None,
-                    reason="Airflow's metadata DB on Postgres needs asyncpg")
 def test_deferred_sensors_survive_a_short_soak_under_standalone(
         pg_server: PostgresServer) -> None:
     result = soak(runs=12, concurrency=3, settle=None, admin_dsn=pg_server.dsn, events=3)
