@@ -9,23 +9,18 @@
 -- verdict for the agent (0014: it replaces the rows of its (space, scope, resource)).
 -- Identical notifications of one transaction are folded into one by Postgres.
 
-CREATE FUNCTION agentpost._notify_need_resolved() RETURNS trigger
+-- One trigger function for both: NOTIFY channel TG_ARGV[0] with the new row's column
+-- TG_ARGV[1] as payload.
+CREATE FUNCTION agentpost._notify_column() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('agentpost_need', NEW.supersedes::text);
+    PERFORM pg_notify(TG_ARGV[0], to_jsonb(NEW) ->> TG_ARGV[1]);
     RETURN NULL;
 END $$;
 
 CREATE TRIGGER marks_need_resolved AFTER INSERT ON agentpost.marks
     FOR EACH ROW WHEN (NEW.resolved_by IS NOT NULL AND NEW.supersedes IS NOT NULL)
-    EXECUTE FUNCTION agentpost._notify_need_resolved();
-
-CREATE FUNCTION agentpost._notify_verdict() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('agentpost_verdict', NEW.agent_id::text);
-    RETURN NULL;
-END $$;
+    EXECUTE FUNCTION agentpost._notify_column('agentpost_need', 'supersedes');
 
 CREATE TRIGGER mark_verdicts_decided AFTER INSERT ON agentpost.mark_verdicts
-    FOR EACH ROW EXECUTE FUNCTION agentpost._notify_verdict();
+    FOR EACH ROW EXECUTE FUNCTION agentpost._notify_column('agentpost_verdict', 'agent_id');

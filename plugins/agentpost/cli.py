@@ -10,7 +10,6 @@ exit non-zero: 1 for a failed check (verify) or a rejected envelope, 2 for bad u
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -142,7 +141,9 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     if args.out is None:
         sys.stdout.write(checkpoint.to_json())
         return 0
-    _write_file(args.out, checkpoint.to_json())
+    from agentpost.store.anchor import write_checkpoint
+
+    write_checkpoint(checkpoint, args.out)
     print(f"checkpoint of {len(checkpoint.heads)} chains at {checkpoint.taken_at} written to "
           f"{args.out}")
     return 0
@@ -158,21 +159,6 @@ def _read_file(path: str, what: str) -> str:
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"cannot read the {what} {path}: "
                            f"{getattr(exc, 'strerror', None) or exc}") from None
-
-
-def _write_file(path: str, text: str) -> None:
-    """Write `path` whole or not at all: a temporary file beside it, then renamed."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise InvalidInput(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def cmd_recover(args: argparse.Namespace) -> int:

@@ -104,7 +104,7 @@ def checkpoints(directory: Path) -> list[Path]:
 def save_checkpoint(checkpoint: Checkpoint, directory: Path, keep: int) -> Path:
     """Write `checkpoint` whole (a temporary file, then renamed) and delete all but the
     newest `keep` checkpoint files."""
-    from agentpost.cli import _write_file
+    from agentpost.store.anchor import write_checkpoint
 
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -112,7 +112,7 @@ def save_checkpoint(checkpoint: Checkpoint, directory: Path, keep: int) -> Path:
         raise InvalidInput(f"cannot create {directory}: {exc.strerror or exc}") from None
     stamp = checkpoint.taken_at.replace("-", "").replace(":", "")
     path = directory / f"{PREFIX}{stamp}{SUFFIX}"
-    _write_file(str(path), checkpoint.to_json())
+    write_checkpoint(checkpoint, str(path))
     for old in checkpoints(directory)[:-keep]:
         os.unlink(old)
     return path

@@ -6,9 +6,12 @@ the two reads it needs, each inside the caller's or its own single snapshot.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Any
 
 from agentpost.protocol.anchor import ChainHead, Checkpoint, mismatches
+from agentpost.protocol.errors import InvalidInput
 from agentpost.protocol.trail import ChainCheck
 from agentpost.store.db import Database
 from agentpost.store.queries import QUERIES
@@ -44,3 +47,19 @@ def check_anchor(cur: Any, check: ChainCheck, checkpoint: Checkpoint) -> dict[st
         check.gap(m.chain, m.problem)
     return {"anchor_taken_at": checkpoint.taken, "anchored_chains": len(chains),
             "anchor_mismatches": tuple(problems)}
+
+
+def write_checkpoint(checkpoint: Checkpoint, path: str) -> None:
+    """Write a checkpoint to `path` whole or not at all (a temporary file beside it, flushed,
+    then renamed): a half-written anchor would be refused as malformed when it is needed."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(checkpoint.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise InvalidInput(f"cannot write {path}: {exc.strerror or exc}") from None
