@@ -1,4 +1,4 @@
--- Asya actor routes (../shared/seeds/asya-envelope-routing.md): where each routed envelope
+-- Asya actor routes (the Asya envelope routing spec): where each routed envelope
 -- stands, queryable cheaply, and every change of it recorded in the trail; a hop (an actor
 -- handling one envelope) committed as one transaction.
 --

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from agentpost.store.migrations import MigrationError, applied, load, migrate, pending
+from agentpost.store.migrations import (
+    FORMER_CHECKSUMS,
+    MigrationError,
+    applied,
+    load,
+    migrate,
+    pending,
+)
+from dbtools import connect, rows
 from dbtools import query as _query
 
 
@@ -177,3 +185,21 @@ def test_dsn_fixture_is_migrated_and_private(dsn: str, module_dsn: str) -> None:
     (module_name,) = _query(module_dsn, "SELECT current_database()")[0]
     assert name != module_name
     assert name.startswith("agentpost_test_")
+
+
+def test_a_comment_corrected_after_release_is_accepted(empty_dsn: str) -> None:
+    """A database that recorded a file's earlier text, listed in FORMER_CHECKSUMS (its
+    comments corrected, never its SQL), still migrates; any other checksum is still refused."""
+    migrate(empty_dsn)
+    [(name, earlier)] = [(n, next(iter(c))) for n, c in FORMER_CHECKSUMS.items()]
+    conn = connect(empty_dsn)
+    try:
+        rows(conn, "UPDATE agentpost.schema_migrations SET checksum = %s WHERE name = %s",
+             (earlier, name))
+        assert migrate(empty_dsn) == []
+        rows(conn, "UPDATE agentpost.schema_migrations SET checksum = 'x' WHERE name = %s",
+             (name,))
+    finally:
+        conn.close()
+    with pytest.raises(MigrationError, match="changed after it was applied"):
+        migrate(empty_dsn)

@@ -10,6 +10,8 @@ Files are applied in numeric order, each in its own transaction, and recorded in
   (``agentpost.envelopes``) since the search_path is left alone;
 - a file is never edited once applied anywhere: its checksum is recorded, and a mismatch stops
   ``migrate()`` with a MigrationError. Change the schema with a new, higher-numbered file.
+  The one exception is a correction of comments only, listed in ``FORMER_CHECKSUMS``: a
+  database that recorded the file's earlier text is accepted as it is.
 
 Every transaction takes the same transaction-scoped advisory lock first, so concurrent
 ``migrate()`` calls against one database apply each file exactly once.
@@ -53,6 +55,14 @@ _FILE_NAME = re.compile(r"^(?P<version>\d+)_[^/]+\.sql$")
 LOCK_KEY = int.from_bytes(
     hashlib.sha256(b"agentpost.schema_migrations").digest()[:8], "big", signed=True
 )
+
+#: files whose comments (never their SQL) were corrected after release: the checksums of their
+#: earlier texts, still accepted when a database recorded them
+FORMER_CHECKSUMS: dict[str, frozenset[str]] = {
+    # the first comment named a path outside the repository
+    "0009_routes.sql": frozenset(
+        {"35b559d5fb4b366c5e72ef45d5457452310a4471c26377bf970c356a4f9211d0"}),
+}
 
 _BOOTSTRAP = """
 CREATE SCHEMA IF NOT EXISTS agentpost;
@@ -285,7 +295,8 @@ def _check(migrations: Iterable[Migration], recorded: dict[int, tuple[str, str]]
                 f"migration {migration.version} was applied as {name} but the file is now "
                 f"{migration.name}"
             )
-        elif checksum != migration.checksum:
+        elif checksum != migration.checksum and checksum not in FORMER_CHECKSUMS.get(
+                migration.name, ()):
             problems.append(
                 f"{migration.name} changed after it was applied (recorded checksum "
                 f"{checksum[:12]}…, file {migration.checksum[:12]}…)"
