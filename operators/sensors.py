@@ -5,11 +5,14 @@ Markspace need resolved) and `VerdictSensor` (a deferred-resolution boundary's v
 They share one shape (`StoreSensor`): deferrable by default; the worker checks once before
 deferring (what is already there never defers); the trigger is the same check, run in the
 triggerer on LISTEN/NOTIFY with polling as the fallback; `poke` runs that check from the
-worker when not deferrable. A deferral's trigger holds an event that comes within `settle`
-seconds of the deferral until then, because Airflow 3.3 can fail a task whose trigger fires
-before the scheduler processed the deferring worker's exit (docs/airflow.md, "Sensors and
-triggers"). Sensors only look: nothing is leased or consumed, so a re-run after success
-checks again and succeeds again while what it waited for is still there.
+worker when not deferrable. By default the trigger ends the task itself when the wait is
+over (``end_from_trigger``: Airflow's TaskSuccessEvent, the result pushed as XCom there), so
+no worker resumes it: that is fast and cannot meet Airflow 3.3's deferral race. With
+``end_from_trigger=False`` the event resumes the task on a worker, and the trigger holds an
+event that comes within `settle` seconds of the deferral until then, because Airflow 3.3 can
+fail a task resumed before the scheduler processed the deferring worker's exit
+(docs/airflow.md, "The deferral race"). Sensors only look: nothing is leased or consumed, so
+a re-run after success checks again and succeeds again while what it waited for is there.
 """
 
 from __future__ import annotations
@@ -60,6 +63,15 @@ def default_settle() -> float:
     return conf.getfloat("workers", "min_heartbeat_interval", fallback=5.0) + SCHEDULER_MARGIN
 
 
+def default_end_from_trigger() -> bool:
+    """True unless Airflow has listeners registered (plugins' ``listeners``): Airflow
+    refuses to load a DAG whose tasks end from the triggerer when listeners exist, since
+    those would never hear of the task's end; the sensors then resume on a worker."""
+    from airflow.sdk.listener import get_listener_manager
+
+    return not get_listener_manager().has_listeners
+
+
 def default_deferrable() -> bool:
     """True, unless the deployment sets ``[operators] default_deferrable`` through the
     environment (AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE), which is then obeyed.
@@ -85,26 +97,39 @@ class StoreSensor(BaseSensorOperator):
         `default_deferrable()`.
     :param poke_interval: seconds between pokes; in deferrable mode the trigger's fallback
         poll when no notification arrives.
-    :param settle: seconds after a deferral before the trigger may fire (0: at once);
-        default `default_settle()`, 8 s with Airflow's defaults.
+    :param end_from_trigger: when deferred, end the task from the triggerer the moment the
+        wait is over (its XCom pushed there) instead of resuming it on a worker: sub-second
+        from the event to the task's end, no worker slot, and no deferral race. Default
+        `default_end_from_trigger()`: on, unless Airflow has listeners (which would miss the
+        task's end). An error still resumes on a worker, which fails with the reason.
+    :param settle: seconds after a deferral before the trigger may fire an event that
+        resumes the task on a worker (0: at once); default `default_settle()`, 8 s with
+        Airflow's defaults. Not applied to an event that ends the task from the triggerer.
     :param timeout: as every sensor's: the wait fails after it (deferred or poking).
     """
 
     #: the status of a trigger event that ends the wait
     done_status = "ready"
+    #: the entry of the trigger's payload that is the sensor's result (None: all of it)
+    result_key: str | None = None
     ui_color = "#d9ecf2"
 
     def __init__(self, *, agentpost_conn_id: str = AgentpostHook.default_conn_name,
                  deferrable: bool | None = None, poke_interval: float = DEFAULT_POLL_INTERVAL,
-                 settle: float | None = None, **kwargs: Any) -> None:
+                 settle: float | None = None, end_from_trigger: bool | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
         if settle is None:
             settle = default_settle()
         if isinstance(settle, bool) or not isinstance(settle, int | float) or settle < 0:
             raise ValueError("settle must be a number of seconds, 0 or more")
+        if end_from_trigger is not None and not isinstance(end_from_trigger, bool):
+            raise ValueError("end_from_trigger must be True, False or None (the default)")
         self.agentpost_conn_id = agentpost_conn_id
         self.deferrable = default_deferrable() if deferrable is None else bool(deferrable)
         self.settle = float(settle)
+        self.end_from_trigger = (default_end_from_trigger() if end_from_trigger is None
+                                 else end_from_trigger)
         self._trigger: WatchTrigger | None = None
 
     @abc.abstractmethod
@@ -116,8 +141,9 @@ class StoreSensor(BaseSensorOperator):
         """What was waited for, for messages (``inbox 'w1'``)."""
 
     def result(self, payload: dict[str, Any]) -> Any:
-        """The sensor's return value (its XCom) for the trigger's payload."""
-        return payload
+        """The sensor's return value (its XCom) for the trigger's payload; the trigger
+        computes the same when it ends the task itself."""
+        return payload if self.result_key is None else payload[self.result_key]
 
     def check_now(self) -> dict[str, Any] | None:
         """The trigger's check, run here; keeps the trigger for a deferral."""
@@ -139,11 +165,24 @@ class StoreSensor(BaseSensorOperator):
         trigger = self._trigger
         assert trigger is not None  # set by the check
         trigger.not_before = time.time() + self.settle if self.settle else None
+        trigger.end_task, trigger.result_key = self.end_from_trigger, self.result_key
         self.defer(trigger=trigger, method_name="execute_complete",
                    timeout=timedelta(seconds=self.timeout))
 
-    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
-        """Resumes after the trigger fired: the result, or a clear failure."""
+    def execute_complete(self, context: Context,
+                         event: dict[str, Any] | str | None = None) -> Any:
+        """Resumes after the trigger fired: the result, or a clear failure.
+
+        ``event == "success"``: the trigger ended the task itself, but this runner resumed
+        it anyway with that event's bare state (``dag.test()`` does), its XCom lost; the
+        check runs again here for the result."""
+        if event == "success" and self.end_from_trigger:
+            payload = self.check_now()
+            if payload is None:
+                watched = self.watched(self._trigger.subject() if self._trigger else {})
+                raise AirflowException(f"{self.task_id}: the trigger ended the wait, but "
+                                       f"{watched} is no longer there")
+            return self.result(payload)
         if not isinstance(event, dict) or event.get("status") not in (self.done_status, "error"):
             raise AirflowException(f"{self.task_id}: unexpected trigger event {event!r}")
         if event["status"] == "error":
@@ -201,6 +240,7 @@ class ReplySensor(StoreSensor):
 
     template_fields: Sequence[str] = ("envelope_id", "type", "agentpost_conn_id")
     done_status = "replied"
+    result_key = "reply"
 
     def __init__(self, *, envelope_id: str, type: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -215,9 +255,6 @@ class ReplySensor(StoreSensor):
 
     def watched(self, event: dict[str, Any]) -> str:
         return f"replies to {event.get('envelope_id')!r}"
-
-    def result(self, payload: dict[str, Any]) -> Any:
-        return payload["reply"]
 
 
 class NeedResolvedSensor(StoreSensor):

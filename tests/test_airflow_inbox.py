@@ -116,8 +116,16 @@ def wait_for_listener(dsn: str, *, besides: Iterable[int] = (), within: float = 
 
 def run_trigger(trigger: InboxTrigger, beside: Future[Any] | None = None,
                 limit: float = 90.0) -> tuple[dict[str, Any], float]:
-    """The first event's payload and the seconds it took. Fails after `limit` seconds, or as
-    soon as the helper running `beside` it fails (the trigger would wait for it forever)."""
+    """The first event's payload and the seconds it took (see `first_event`)."""
+    event, took = first_event(trigger, beside, limit)
+    return event.payload, took
+
+
+def first_event(trigger: Any, beside: Future[Any] | None = None,
+                limit: float = 90.0) -> tuple[Any, float]:
+    """The first event the trigger yields and the seconds it took. Fails after `limit`
+    seconds, or as soon as the helper running `beside` it fails (the trigger would wait for
+    it forever)."""
 
     async def first() -> Any:
         fired = asyncio.ensure_future(anext(trigger.run()))
@@ -134,7 +142,7 @@ def run_trigger(trigger: InboxTrigger, beside: Future[Any] | None = None,
 
     started = time.monotonic()
     event = asyncio.run(first())
-    return event.payload, time.monotonic() - started
+    return event, time.monotonic() - started
 
 
 @contextmanager

@@ -12,8 +12,11 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+from airflow.sdk._shared.listeners import hookimpl
 from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.listener import get_listener_manager
 from airflow.sdk.module_loading import import_string
+from airflow.triggers.base import TaskSuccessEvent
 
 import test_airflow_inbox  # noqa: F401  (sets up a private AIRFLOW_HOME before Airflow loads)
 from agentpost.marks import Agent, ConflictPolicy, DecayConfig, Guard, Need, Scope, hours
@@ -34,6 +37,7 @@ from test_airflow_inbox import (
     POLL,
     WAKE_BOUND,
     connection_json,
+    first_event,
     in_background,
     run_trigger,
     wait_for_listener,
@@ -180,8 +184,62 @@ def test_an_early_event_is_held_until_not_before(inboxes: EnvelopeStore, dsn: st
     assert payload["status"] == "ready" and took >= 1.8
 
 
+def test_an_ending_trigger_ends_the_task_at_once_with_the_sensors_result(
+        inboxes: EnvelopeStore, dsn: str) -> None:
+    """end_from_trigger: the trigger yields Airflow's TaskSuccessEvent, whose XCom
+    ``return_value`` is what the sensor would have returned, and is not held by
+    `not_before` (a task going straight from deferred to success meets no race)."""
+    send(inboxes, "w1", "already here")
+    event, took = first_event(InboxTrigger(workspace_id="w1", dsn=dsn, end_task=True,
+                                           not_before=time.time() + 30.0))
+    assert isinstance(event, TaskSuccessEvent) and took < 10.0
+    assert event.xcoms == {"return_value": {"status": "ready", "workspace_id": "w1",
+                                            "available": 1}}
+    asked = inboxes.send("w1", BOSS, "query", "question?").envelope_id
+    answer = inboxes.send(BOSS, "w1", "feedback", "the answer", in_reply_to=asked)
+    event, _ = first_event(ReplyTrigger(envelope_id=asked, sender="w1", dsn=dsn,
+                                        end_task=True, result_key="reply"))
+    reply = event.xcoms["return_value"]
+    assert isinstance(event, TaskSuccessEvent) and reply["id"] == answer.envelope_id
+    assert reply["in_reply_to"] == asked and reply["payload"]["content"] == "the answer"
+
+
+def test_an_ending_trigger_still_resumes_the_task_on_an_error(dsn: str) -> None:
+    """An error is not a success: the event resumes the task on a worker, where it fails
+    with the reason (and is held like any resuming event)."""
+    event, took = first_event(InboxTrigger(workspace_id="nobody", dsn=dsn, end_task=True,
+                                           not_before=time.time() + 1.5))
+    assert not isinstance(event, TaskSuccessEvent) and event.payload["status"] == "error"
+    assert took >= 1.3
+
+
+def test_sensors_end_from_the_triggerer_unless_airflow_has_listeners() -> None:
+    """On by default; off when Airflow has listeners (Airflow refuses to load a DAG whose
+    tasks end from the triggerer then); an explicit argument wins; bad values refused."""
+    assert InboxSensor(task_id="a", workspace_id="w1").end_from_trigger
+    manager = get_listener_manager()
+
+    class Listener:
+        @hookimpl  # type: ignore[misc]
+        def on_task_instance_success(self, previous_state: Any, task_instance: Any) -> None:
+            pass
+
+    manager.add_listener(Listener())
+    try:
+        assert manager.has_listeners
+        assert not ReplySensor(task_id="b", envelope_id="e").end_from_trigger
+        assert VerdictSensor(task_id="c", scope="s", resource="r", agent_id="a",
+                             end_from_trigger=True).end_from_trigger
+    finally:
+        manager.clear()
+    with pytest.raises(ValueError, match="end_from_trigger"):
+        InboxSensor(task_id="d", workspace_id="w1", end_from_trigger="yes")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("trigger", [
     InboxTrigger(workspace_id="w1", type="directive", priority="urgent", not_before=5.0),
+    InboxTrigger(workspace_id="w1", end_task=True),
+    ReplyTrigger(envelope_id="e1", sender="w1", end_task=True, result_key="reply"),
     ReplyTrigger(envelope_id="e1", type="feedback", sender="w1", conn_id="ap"),
     NeedResolvedTrigger(need_id=UUID(int=1), space="s"),
     VerdictTrigger(scope="parking", resource="r", agent_id=UUID(int=2),

@@ -1,8 +1,9 @@
 """`agentpost bench airflow` runs end to end at a tiny scale on a real `airflow standalone` and
-prints what the Airflow issue asks for: send -> deferred InboxSensor task end beside the same
-sensor poking every 5 s, p50/p95 each; the asset-watcher cell measured or said to be missing;
-the goal judged. No timing is asserted (shared machines): the goal is printed met or MISSED.
-The runtime it starts is stopped: no process of its session is left."""
+prints what the Airflow issue asks for: send -> deferred InboxSensor task end (ended from the
+triggerer, and resumed on a worker) beside the same sensor poking every 5 s, p50/p95 each; the
+asset-watcher cell measured or said to be missing; the goal judged. No timing is asserted
+(shared machines): the goal is printed met or MISSED. The runtime it starts is stopped: no
+process of its session is left."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def test_bench_airflow_prints_both_sensor_modes_and_the_goal(
     assert main(["--dsn", dsn, "bench", "airflow", "--scale", "0.04"]) == 0
     out = capsys.readouterr().out
     assert re.search(rf"InboxSensor, deferred \(LISTEN in the triggerer\)\s+{CELL}", out), out
+    assert re.search(rf"InboxSensor, deferred, resumed on a worker \(end_from_trigger=False\)"
+                     rf"\s+{CELL}", out), out
     assert re.search(rf"InboxSensor, poke mode \(5 s interval\)\s+{CELL}", out), out
     watcher = CELL if watcher_available() else re.escape(MISSING)
     assert re.search(rf"asset watcher: send -> DAG run start\s+{watcher}", out), out

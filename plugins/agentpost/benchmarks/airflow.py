@@ -5,7 +5,11 @@ this host's clock from just before `store.send()` to the sensor task instance's 
 as the REST API reports it:
 
 - deferred: `InboxSensor` as shipped, waiting in the triggerer on LISTEN (its fallback poll
-  at 30 s, so a fast wake-up is the notification's doing);
+  at 30 s, so a fast wake-up is the notification's doing) and ending the task from the
+  triggerer (``end_from_trigger``, the default);
+- deferred and resumed: the same with ``end_from_trigger=False``: the trigger's event
+  resumes the task on a worker, which ends it (the path before end_from_trigger; its event
+  is held until the deferral settled, docs/airflow.md "The deferral race");
 - poke: the same sensor with ``deferrable=False`` poking every 5 s from a worker slot. Each
   send waits a random part of the poke interval first, so sends land at random phases of the
   poke cycle as real arrivals do;
@@ -41,6 +45,7 @@ WAVE = 5
 GOAL_P95 = 1.0
 TASK = "wait"
 DEFERRED_DAG = "agentpost_bench_deferred"
+RESUMED_DAG = "agentpost_bench_resumed"
 POKE_DAG = "agentpost_bench_poke"
 WATCHER_DAG = "agentpost_bench_watcher"
 WATCHED = "bench-watched"
@@ -72,6 +77,13 @@ def deferred():
                 retry_delay=timedelta(0))
 
 
+@dag(dag_id="{RESUMED_DAG}", schedule=None, start_date=datetime(2026, 1, 1),
+     catchup=False, max_active_runs={WAVE}, tags=["agentpost", "bench"])
+def resumed():
+    InboxSensor(task_id="{TASK}", workspace_id=WORKSPACE, timeout=600, retries=2,
+                retry_delay=timedelta(0), end_from_trigger=False)
+
+
 @dag(dag_id="{POKE_DAG}", schedule=None, start_date=datetime(2026, 1, 1),
      catchup=False, max_active_runs={WAVE}, tags=["agentpost", "bench"])
 def poke():
@@ -80,6 +92,7 @@ def poke():
 
 
 deferred()
+resumed()
 poke()
 '''
 
@@ -141,12 +154,13 @@ def write_dags(folder: Path, watcher: bool) -> None:
 def _measure(client: AirflowClient, store: EnvelopeStore, n: int,
              watcher: bool) -> dict[str, list[float] | str]:
     store.create_workspace("coordinator", workspace_id=LEAD)
-    dag_ids = [DEFERRED_DAG, POKE_DAG] + ([WATCHER_DAG] if watcher else [])
+    dag_ids = [DEFERRED_DAG, RESUMED_DAG, POKE_DAG] + ([WATCHER_DAG] if watcher else [])
     for dag_id in dag_ids:
         client.wait_for_dag(dag_id)
         client.unpause(dag_id)
     results: dict[str, list[float] | str] = {
         "deferred": _sensor_latencies(client, store, DEFERRED_DAG, n, _deferred_ready(store)),
+        "resumed": _sensor_latencies(client, store, RESUMED_DAG, n, _deferred_ready(store)),
         "poke": _sensor_latencies(client, store, POKE_DAG, n, _poke_ready()),
     }
     results["watcher"] = _watcher_latencies(client, store, n) if watcher else MISSING
@@ -283,10 +297,13 @@ def _report(results: dict[str, list[float] | str], n: int) -> Report:
     report = Report(f"agentpost bench airflow (airflow standalone; {n} envelopes per cell; "
                     "send -> task end_date from the REST API, same host clock)")
     report.add("InboxSensor, deferred (LISTEN in the triggerer)", _cell(results["deferred"]))
+    report.add("InboxSensor, deferred, resumed on a worker (end_from_trigger=False)",
+               _cell(results["resumed"]))
     report.add(f"InboxSensor, poke mode ({POKE_INTERVAL:g} s interval)", _cell(results["poke"]))
     report.add("asset watcher: send -> DAG run start", _cell(results["watcher"]))
     report.add("sends whose sensor was retried (Airflow's deferral race; included above)",
-               f"deferred {RETRIED.get(DEFERRED_DAG, 0)}, poke {RETRIED.get(POKE_DAG, 0)}")
+               f"deferred {RETRIED.get(DEFERRED_DAG, 0)}, "
+               f"resumed {RETRIED.get(RESUMED_DAG, 0)}, poke {RETRIED.get(POKE_DAG, 0)}")
     deferred = results["deferred"]
     assert isinstance(deferred, list)
     report.goal(f"deferred p95 under {GOAL_P95:g} s end to end",

@@ -1,7 +1,10 @@
 """Soak the deferral path under a real ``airflow standalone``: many DAG runs whose
 InboxSensor defers, with the envelope delivered the moment the task instance is deferred
 (the trigger then finds it at its first check and fires at once: the race in
-docs/airflow.md, "Sensors and triggers").
+docs/airflow.md, "Sensors and triggers"). Runs alternate between the sensor as shipped
+(it ends the task from the triggerer) and ``end_from_trigger=False`` (the event resumes the
+task on a worker, the path the settle hold protects); every successful run's XCom must be
+the sensor's result.
 
     python -m agentpost.benchmarks.airflow_soak --runs 200 --concurrency 4
     python -m agentpost.benchmarks.airflow_soak --runs 40 --settle 0   # without the hold
@@ -42,6 +45,7 @@ import psycopg2
 from agentpost.store.server import dsn_for_database
 
 DAG_ID = "agentpost_soak"
+RESUMED_DAG_ID = "agentpost_soak_resumed"
 TASK_ID = "wait"
 FINAL = {"success", "failed"}
 
@@ -61,7 +65,15 @@ def soak():
                 poke_interval=30, timeout=300, settle={settle!r})
 
 
+@dag(dag_id="{resumed_dag_id}", schedule=None, start_date=datetime(2026, 1, 1),
+     catchup=False, max_active_runs=64, default_args={{"retries": 0}})
+def soak_resumed():
+    InboxSensor(task_id="{task_id}", workspace_id="{{{{ dag_run.conf['ws'] }}}}",
+                poke_interval=30, timeout=300, settle={settle!r}, end_from_trigger=False)
+
+
 soak()
+soak_resumed()
 '''
 
 
@@ -244,40 +256,48 @@ class Tally:
     success: int = 0
     failed: list[str] = field(default_factory=list)
     never_deferred: int = 0
+    wrong_xcom: list[str] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, run_id: str, state: str, deferred: bool, took: float) -> None:
+    def add(self, run_id: str, state: str, deferred: bool, took: float,
+            xcom_ok: bool) -> None:
         with self.lock:
             self.runs += 1
             self.never_deferred += not deferred
             if state == "success":
                 self.success += 1
                 self.seconds.append(took)
+                if not xcom_ok:
+                    self.wrong_xcom.append(run_id)
             else:
                 self.failed.append(f"{run_id}: {state}")
 
 
-def one_run(api: Api, dsn: str, tally: Tally, limit: float = 240.0) -> None:
+def one_run(api: Api, dsn: str, tally: Tally, dag_id: str = DAG_ID,
+            limit: float = 240.0) -> None:
     """A workspace of its own, a run that waits on it, the envelope sent the moment the
-    sensor is deferred, then the run's end."""
+    sensor is deferred, then the run's end and the sensor's XCom."""
     from agentpost.store import EnvelopeStore
 
     with EnvelopeStore(dsn) as store:
         ws = store.create_workspace("worker", parent="boss").id
         started = time.monotonic()
-        run_id = api.trigger(DAG_ID, {"ws": ws})
+        run_id = api.trigger(dag_id, {"ws": ws})
         deferred = False
         state = None
         while time.monotonic() - started < limit:
-            if not deferred and api.ti_state(DAG_ID, run_id, TASK_ID) == "deferred":
+            if not deferred and api.ti_state(dag_id, run_id, TASK_ID) == "deferred":
                 deferred = True
                 store.send("boss", ws, "directive", "soak")
-            state = api.run_state(DAG_ID, run_id)
+            state = api.run_state(dag_id, run_id)
             if state in FINAL:
                 break
             time.sleep(0.1 if not deferred else 0.5)
-    tally.add(run_id, state or "timeout", deferred, time.monotonic() - started)
+    took = time.monotonic() - started
+    xcom_ok = state != "success" or api.xcom(dag_id, run_id, TASK_ID) == {
+        "status": "ready", "workspace_id": ws, "available": 1}
+    tally.add(f"{dag_id}/{run_id}", state or "timeout", deferred, took, xcom_ok)
 
 
 def watching(dsn: str, watcher: str) -> bool:
@@ -336,7 +356,8 @@ def soak(runs: int, concurrency: int, settle: float | None, admin_dsn: str,
             dags.mkdir()
             hold = None if settle is None else float(settle)
             (dags / "agentpost_soak.py").write_text(
-                DAG_FILE.format(dag_id=DAG_ID, task_id=TASK_ID, settle=hold))
+                DAG_FILE.format(dag_id=DAG_ID, resumed_dag_id=RESUMED_DAG_ID, task_id=TASK_ID,
+                                settle=hold))
             if events:
                 (dags / "agentpost_soak_events.py").write_text(EVENTS_DAG_FILE)
             port = free_port()
@@ -351,10 +372,13 @@ def soak(runs: int, concurrency: int, settle: float | None, admin_dsn: str,
                 standalone.wait_for_api()
                 api = Api(port, password)
                 api.wait_for_dag(DAG_ID)
+                api.wait_for_dag(RESUMED_DAG_ID)
                 if events:
                     api.wait_for_dag(EVENTS_DAG_ID)
                 with ThreadPoolExecutor(concurrency) as pool:
-                    for f in [pool.submit(one_run, api, dsn, tally) for _ in range(runs)]:
+                    for f in [pool.submit(one_run, api, dsn, tally,
+                                          RESUMED_DAG_ID if i % 2 else DAG_ID)
+                              for i in range(runs)]:
                         f.result()
                 events_result = event_driven(api, dsn, events) if events else None
             finally:
@@ -366,6 +390,7 @@ def soak(runs: int, concurrency: int, settle: float | None, admin_dsn: str,
             seconds = sorted(tally.seconds) or [0.0]
             return {"runs": tally.runs, "success": tally.success, "failed": len(tally.failed),
                     "failures": tally.failed[:10], "state_mismatches": mismatches,
+                    "wrong_xcom": len(tally.wrong_xcom),
                     "never_deferred": tally.never_deferred, "settle": settle,
                     "concurrency": concurrency,
                     "median_run_s": round(seconds[len(seconds) // 2], 2),
@@ -393,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result), flush=True)
     events = result["event_driven"]
     ok = result["failed"] == 0 and result["state_mismatches"] == 0 and (
+        result["wrong_xcom"] == 0) and (
         events is None or (events.get("each_once") and not events.get("failed_runs")))
     return 0 if ok and not result["port_left_open"] else 1
 

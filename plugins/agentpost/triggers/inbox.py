@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from agentpost.hooks import AgentpostHook, StoreTarget
 from agentpost.protocol.errors import InvalidInput, StoreUnavailable
@@ -151,16 +151,37 @@ class StoreTrigger(StoreAccess, BaseTrigger):
     """What the agentpost triggers that end a deferral share: the store through
     `StoreAccess`; `run` yields the one event `wait` returns, not before `not_before` (see
     `hold_until`). Running `run` again (a triggerer restart) waits again from the start:
-    waiting changes nothing in the store."""
+    waiting changes nothing in the store.
+
+    With `end_task`, an event that is not an error ends the task instance from the
+    triggerer (Airflow's ``TaskSuccessEvent``; the sensor's ``end_from_trigger``): its
+    XCom ``return_value`` is the payload, or the payload's `result_key` entry, and no
+    worker resumes the task. That event is never held: a task instance that goes from
+    deferred straight to success cannot meet the race `hold_until` dodges (docs/airflow.md,
+    "The deferral race")."""
 
     not_before: float | None = None
+    end_task: bool = False
+    result_key: str | None = None
 
     def _settle_kwargs(self) -> dict[str, Any]:
-        """`not_before` for serialize(), only when set (older stored kwargs lack it)."""
-        return {} if self.not_before is None else {"not_before": self.not_before}
+        """`not_before`, `end_task` and `result_key` for serialize(), each only when set
+        (kwargs stored by an older version lack them)."""
+        kwargs: dict[str, Any] = {} if self.not_before is None else {
+            "not_before": self.not_before}
+        if self.end_task:
+            kwargs["end_task"] = True
+        if self.result_key is not None:
+            kwargs["result_key"] = self.result_key
+        return kwargs
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         event = await self.wait()
+        payload = event.payload
+        if self.end_task and isinstance(payload, dict) and payload.get("status") != "error":
+            value = payload if self.result_key is None else payload[self.result_key]
+            yield TaskSuccessEvent(xcoms={"return_value": value})
+            return
         await hold_until(self.not_before, self.log)
         yield event
 
@@ -201,15 +222,21 @@ class WatchTrigger(StoreTrigger):
     poll_interval: float
 
     def _reach(self, poll_interval: float, conn_id: str, dsn: str | None,
-               not_before: float | None) -> None:
+               not_before: float | None, end_task: bool = False,
+               result_key: str | None = None) -> None:
         """Keep (checked) what every watch trigger takes besides its subject."""
         self.poll_interval = positive(poll_interval, "poll_interval")
         self.conn_id = conn_id
         self.dsn = dsn
         self.not_before = settle_time(not_before)
+        if not isinstance(end_task, bool):
+            raise InvalidInput("end_task must be true or false")
+        if result_key is not None and not (isinstance(result_key, str) and result_key):
+            raise InvalidInput("result_key must be a non-empty string")
+        self.end_task, self.result_key = end_task, result_key
 
     def _reach_kwargs(self) -> dict[str, Any]:
-        """Those arguments for serialize() (`not_before` only when set)."""
+        """Those arguments for serialize() (the settle and end arguments only when set)."""
         return {"poll_interval": self.poll_interval, "conn_id": self.conn_id,
                 "dsn": self.dsn, **self._settle_kwargs()}
 
@@ -288,11 +315,12 @@ class InboxTrigger(WatchTrigger):
                  conn_id: str = AgentpostHook.default_conn_name, dsn: str | None = None,
                  type: str | None = None, sender: str | None = None,
                  in_reply_to: str | None = None, priority: str | None = None,
-                 not_before: float | None = None, **kwargs: Any) -> None:
+                 not_before: float | None = None, end_task: bool = False,
+                 result_key: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.workspace_id = workspace_of(workspace_id)
         self.min_envelopes = _at_least_one(min_envelopes, "min_envelopes")
-        self._reach(poll_interval, conn_id, dsn, not_before)
+        self._reach(poll_interval, conn_id, dsn, not_before, end_task, result_key)
         self.filter = {k: v for k, v in check_filter(type, sender, in_reply_to,
                                                      priority).items() if v is not None}
 

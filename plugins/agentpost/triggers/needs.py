@@ -49,11 +49,12 @@ class NeedResolvedTrigger(WatchTrigger):
     def __init__(self, need_id: str | UUID, space: str = "default",
                  poll_interval: float = 30.0, conn_id: str = AgentpostHook.default_conn_name,
                  dsn: str | None = None, not_before: float | None = None,
+                 end_task: bool = False, result_key: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.need_id = mark_id(need_id, "need id")
         self.space = space_name(space)
-        self._reach(poll_interval, conn_id, dsn, not_before)
+        self._reach(poll_interval, conn_id, dsn, not_before, end_task, result_key)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return CLASSPATH, {"need_id": self.need_id, "space": self.space,

@@ -39,12 +39,13 @@ class ReplyTrigger(WatchTrigger):
     def __init__(self, envelope_id: str, type: str | None = None, sender: str | None = None,
                  poll_interval: float = 30.0, conn_id: str = AgentpostHook.default_conn_name,
                  dsn: str | None = None, not_before: float | None = None,
+                 end_task: bool = False, result_key: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.envelope_id = _ref(envelope_id, "envelope id")
         self.type = None if type is None else _ref(type, "type")
         self.sender = None if sender is None else _ref(sender, "sender")
-        self._reach(poll_interval, conn_id, dsn, not_before)
+        self._reach(poll_interval, conn_id, dsn, not_before, end_task, result_key)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return CLASSPATH, {"envelope_id": self.envelope_id, "type": self.type,

@@ -55,6 +55,7 @@ class VerdictTrigger(WatchTrigger):
                  space: str = "default", intent_id: str | UUID | None = None,
                  poll_interval: float = 30.0, conn_id: str = AgentpostHook.default_conn_name,
                  dsn: str | None = None, not_before: float | None = None,
+                 end_task: bool = False, result_key: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.scope = _text(scope, "scope", limit=200)
@@ -62,7 +63,7 @@ class VerdictTrigger(WatchTrigger):
         self.agent_id = mark_id(agent_id, "agent id")
         self.space = space_name(space)
         self.intent_id = None if intent_id is None else mark_id(intent_id, "intent id")
-        self._reach(poll_interval, conn_id, dsn, not_before)
+        self._reach(poll_interval, conn_id, dsn, not_before, end_task, result_key)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return CLASSPATH, {"scope": self.scope, "resource": self.resource,
