@@ -28,7 +28,7 @@ import json
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
@@ -99,7 +99,53 @@ class _Call:
             raise
 
 
-class CommandOperator(BaseOperator):
+class WaitsForCommands:
+    """Deferring a task on a command that waits for someone else (a person's answer, the
+    end of an earlier try's execution) through `CommandTrigger`, and resuming: what
+    `CommandOperator` and the saga tasks (operators/sagas.py) share. Mixed into a
+    BaseOperator that has ``agentpost_conn_id``."""
+
+    task_id: str
+    agentpost_conn_id: str
+    deferrable: bool
+    poke_interval: float
+    wait_timeout: timedelta | float | None
+
+    def _wait_settings(self, deferrable: bool, poke_interval: float,
+                       wait_timeout: timedelta | float | None) -> None:
+        """Check and keep how the task waits (parse time: a bad value changes nothing)."""
+        if not isinstance(deferrable, bool):
+            raise ValueError("deferrable must be True or False")
+        if isinstance(poke_interval, bool) or not isinstance(poke_interval, int | float) \
+                or not poke_interval > 0:
+            raise ValueError("poke_interval must be a positive number of seconds")
+        self.deferrable = deferrable
+        self.poke_interval = float(poke_interval)
+        self.wait_timeout = wait_timeout
+
+    def defer_on(self, view: CommandView) -> NoReturn:
+        """Defer until `view`'s command no longer waits; resume in ``execute_complete``."""
+        timeout = self.wait_timeout
+        trigger = CommandTrigger(command_id=view.command_id, workspace=view.workspace,
+                                 poll_interval=self.poke_interval,
+                                 conn_id=self.agentpost_conn_id)
+        self.defer(trigger=trigger,  # type: ignore[attr-defined]  (BaseOperator's)
+                   method_name="execute_complete",
+                   timeout=timedelta(seconds=timeout) if isinstance(timeout, int | float)
+                   else timeout)
+
+    def waited_for(self, event: dict[str, Any] | None) -> str:
+        """The command a resumed task waited for (its trigger's event); a malformed event
+        or the trigger's error fails the try with its message."""
+        if not isinstance(event, dict) or event.get("status") not in ("ready", "error"):
+            raise AirflowException(f"{self.task_id}: unexpected trigger event {event!r}")
+        if event["status"] == "error":
+            raise AirflowException(f"{self.task_id}: cannot watch command "
+                                   f"{event.get('command_id')}: {event.get('message')}")
+        return str(event["command_id"])
+
+
+class CommandOperator(WaitsForCommands, BaseOperator):
     """Runs `python_callable(*op_args, **op_kwargs)` as one SMCL command of `workspace`, at
     most once per `idempotency_key`; returns the command's outcome (its JSON result) as XCom,
     and pushes the command's id under the XCom key ``command_id``.
@@ -148,9 +194,7 @@ class CommandOperator(BaseOperator):
         if auto_confirm is not None and (not isinstance(auto_confirm, str)
                                          or not auto_confirm.strip()):
             raise ValueError("auto_confirm names a policy; it must be a non-empty string")
-        if isinstance(poke_interval, bool) or not isinstance(poke_interval, int | float) \
-                or not poke_interval > 0:
-            raise ValueError("poke_interval must be a positive number of seconds")
+        self._wait_settings(deferrable, poke_interval, wait_timeout)
         self.python_callable = python_callable
         self.action = action
         self.workspace = workspace
@@ -161,9 +205,6 @@ class CommandOperator(BaseOperator):
         self.op_args = list(op_args or ())
         self.op_kwargs = dict(op_kwargs or {})
         self.agentpost_conn_id = agentpost_conn_id
-        self.deferrable = deferrable
-        self.poke_interval = float(poke_interval)
-        self.wait_timeout = wait_timeout
 
     # -- Airflow's entry points -----------------------------------------------------------
 
@@ -177,13 +218,9 @@ class CommandOperator(BaseOperator):
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
         """Resumes after `CommandTrigger` fired: act on the command's state now."""
-        if not isinstance(event, dict) or event.get("status") not in ("ready", "error"):
-            raise AirflowException(f"{self.task_id}: unexpected trigger event {event!r}")
-        if event["status"] == "error":
-            raise AirflowException(f"{self.task_id}: cannot watch command "
-                                   f"{event.get('command_id')}: {event.get('message')}")
+        command_id = self.waited_for(event)
         with self._ledger() as ledger, self._clear_errors():
-            view = ledger.view(event["command_id"])
+            view = ledger.view(command_id)
             return self._settle(ledger, context, view, self._call(), ran=False)
 
     # -- the decision ---------------------------------------------------------------------
@@ -242,13 +279,7 @@ class CommandOperator(BaseOperator):
             raise AirflowException(self._why(view, f"is waiting for {what}"))
         self.log.info("command %s (%s): waiting for %s", view.command_id, view.state.value,
                       what)
-        timeout = self.wait_timeout
-        self.defer(trigger=CommandTrigger(command_id=view.command_id, workspace=view.workspace,
-                                          poll_interval=self.poke_interval,
-                                          conn_id=self.agentpost_conn_id),
-                   method_name="execute_complete",
-                   timeout=timedelta(seconds=timeout) if isinstance(timeout, int | float)
-                   else timeout)
+        self.defer_on(view)
 
     def _done(self, context: Context, view: CommandView, replayed: bool) -> Any:
         context["ti"].xcom_push(key="command_id", value=view.command_id)
@@ -324,4 +355,4 @@ class _ClearErrors:
         raise AirflowFailException(message) from exc
 
 
-__all__ = ["CommandOperator", "default_key"]
+__all__ = ["CommandOperator", "WaitsForCommands", "default_key"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
@@ -38,6 +39,8 @@ from agentpost.marks import (
     Verdict,
     Warning,
 )
+from agentpost.marks.keys import KeyRecord, UnsettledCall
+from agentpost.operators.commands import default_key
 from agentpost.operators.common import StoreOperator
 from agentpost.protocol.errors import InvalidInput
 
@@ -106,7 +109,9 @@ class _MarksOperator(StoreOperator):
 
 
 class WriteMarkOperator(_MarksOperator):
-    """Writes one mark; returns its id (XCom).
+    """Writes one mark; returns its id (XCom). At most one mark per task instance: the mark
+    is recorded under the instance's key (`instance_key`), so a retry writes nothing new
+    and returns the first try's mark id.
 
     :param mark_type: ``intent``, ``action``, ``observation``, ``warning`` or ``need``.
     :param scope: the scope (templated).
@@ -142,15 +147,18 @@ class WriteMarkOperator(_MarksOperator):
         self.via = via
 
     def execute(self, context: Context) -> str:
+        """Write the mark once per task instance: a retry returns the first try's mark id."""
         with self._marks() as marks:
             mark = MARK_CLASSES[self.mark_type](scope=self.scope, **self.fields)
             agent = self._agent(self.scope, (self.mark_type,))
-            if self.via == "guard":
-                mark_id = Guard(marks).write_mark(agent, mark)
-            else:
-                mark_id = marks.write(agent, mark)
-        self.log.info("wrote %s %s in %s/%s via the %s", self.mark_type.value, mark_id,
-                      self.space, self.scope, self.via)
+            write = Guard(marks).write_mark if self.via == "guard" else marks.write
+            mark_id, written = marks.write_once(agent, mark, instance_key(context), write)
+        if written:
+            self.log.info("wrote %s %s in %s/%s via the %s", self.mark_type.value, mark_id,
+                          self.space, self.scope, self.via)
+        else:
+            self.log.info("an earlier try wrote %s %s in %s/%s: nothing written",
+                          self.mark_type.value, mark_id, self.space, self.scope)
         return str(mark_id)
 
 
@@ -163,6 +171,12 @@ class GuardedActionOperator(_MarksOperator):
     written and checked under the resource's lock, the callable runs only on ALLOW, and its
     result (a JSON object) is recorded as the action mark and returned as XCom. The decision
     goes to the XCom key ``decision`` (``verdict``, ``reason``, ``check``, ``intent_id``).
+
+    At most once per task instance (`Guard.execute_once` under `instance_key`): a retry
+    after the action was recorded replays its recorded result (the action mark's JSON
+    object) without calling; a retry after a try that started the callable and recorded
+    nothing (its worker died) fails without calling, since it may have acted, and says what
+    to check; a retry after the callable raised calls it again.
 
     :param scope, resource: what the action is on (templated).
     :param intent_action, result_action: the intent's verb and the action's verb.
@@ -199,22 +213,49 @@ class GuardedActionOperator(_MarksOperator):
         self.on_refused = on_refused
 
     def execute(self, context: Context) -> Any:
+        """One guarded call per task instance (its key: `instance_key`): a retry replays the
+        recorded result, or refuses when an earlier try's call recorded no outcome."""
+        key = instance_key(context)
         with self._marks() as marks:
             agent = self._agent(self.scope, (MarkType.INTENT, MarkType.ACTION))
-            decision, result = Guard(marks).execute(
-                agent, self.scope, self.resource, self.intent_action, self.result_action,
-                lambda: self.python_callable(*self.op_args, **self.op_kwargs),
-                confidence=self.confidence)
+            try:
+                decision, result, replayed = Guard(marks).execute_once(
+                    key, agent, self.scope, self.resource, self.intent_action,
+                    self.result_action,
+                    lambda: self.python_callable(*self.op_args, **self.op_kwargs),
+                    confidence=self.confidence)
+            except UnsettledCall as exc:
+                raise AirflowFailException(self._unsettled(exc.record)) from None
         context["ti"].xcom_push(key="decision", value=_decision_json(decision))
         if decision.verdict is Verdict.ALLOW:
-            self.log.info("guard allowed %s on %s/%s: the callable ran", self.result_action,
-                          self.scope, self.resource)
+            self.log.info("guard allowed %s on %s/%s: %s", self.result_action, self.scope,
+                          self.resource, "an earlier try's recorded result is replayed, the "
+                          "callable is not called again" if replayed else "the callable ran")
             return result
         message = f"{self.task_id}: {_explain(decision)}"
         self.log.warning("%s", message)
         if self.on_refused == "skip":
             raise AirflowSkipException(message)
         raise GuardRefused(message)
+
+
+    def _unsettled(self, record: KeyRecord) -> str:
+        """Why the try refuses, and what a person checks and does."""
+        started = datetime.fromtimestamp(record.started_at, UTC).isoformat(timespec="seconds")
+        return (f"{self.task_id}: an earlier try started the callable at {started} (guard "
+                f"allowed {self.intent_action!r} on {record.resource!r} in scope "
+                f"{record.scope!r}, space {self.space!r}) and recorded no outcome: its worker "
+                "died or it raised a BaseException mid-call, so the callable may or may not "
+                "have run, and it is not called again. Check whether the effect happened; "
+                "then mark this task instance success, or release the call with "
+                f"PostgresMarkSpace(dsn, space={self.space!r}).release_key({record.key!r}) "
+                "and clear the task to run it again")
+
+
+def instance_key(context: Context) -> str:
+    """The mark space key of a task instance: the same on every try (no try number)."""
+    ti = context["ti"]
+    return default_key(ti.dag_id, ti.task_id, ti.run_id, ti.map_index)
 
 
 def _decision_json(decision: GuardDecision) -> dict[str, Any]:

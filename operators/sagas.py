@@ -15,7 +15,10 @@ visible as tasks (docs/sagas.md has the saga semantics; SagaRunner does the work
   runs ``saga.step`` of `SagaRunner`: the step's command executes at most once per saga (a
   retried task replays it). A failing step compensates the executed steps in reverse order
   *inside that task*, through the runner (attempts, backoff, escalation as a blocking need),
-  and the task fails with the saga's reason; its log lists what was compensated.
+  and the task fails with the saga's reason; its log lists what was compensated. A step
+  whose command waits for a person's confirmation defers to `CommandTrigger` on that
+  command and runs the step again on the answer: confirmed, it executes; declined, the
+  saga compensates as for a failing step (``deferrable=False``: the try fails instead).
 - **one compensation task per step** (``undo_<step>``, trigger rule ``all_done``), in reverse
   order after the last step: each finishes a compensation that was interrupted (a worker
   killed mid-way: ``SagaRunner.resume``) and shows its step's outcome: *success* = the step
@@ -34,11 +37,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from agentpost.hooks import AgentpostHook
+from agentpost.operators.commands import DEFAULT_POLL_INTERVAL, WaitsForCommands
 from agentpost.operators.common import StoreOperator, fit
 from agentpost.protocol.commands import CommandState
 from agentpost.protocol.errors import InvalidInput
@@ -65,9 +70,9 @@ class SagaStepFailed(AirflowFailException):
     """A step did not execute: the saga compensated the steps before it (or escalated)."""
 
 
-class _SagaTask(StoreOperator):
-    """What every task of one saga shares: the saga's workspace and key, the handlers, and
-    the runner's settings.
+class _SagaTask(WaitsForCommands, StoreOperator):
+    """What every task of one saga shares: the saga's workspace and key, the handlers, the
+    runner's settings, and how a task waits for a command of the saga.
 
     :param workspace: the saga's workspace (templated).
     :param saga_key: the saga (templated); default ``airflow/<dag_id>/<run_id>``: one saga per
@@ -76,14 +81,23 @@ class _SagaTask(StoreOperator):
     :param attempts, backoff: the runner's compensation attempts and backoff (docs/sagas.md).
     :param marks_space: a mark space name for an escalation's blocking need (none: the
         escalation is recorded in the saga only).
+    :param deferrable: a step or compensation whose command waits (for a person's
+        confirmation, or for an execution started elsewhere) defers to `CommandTrigger`
+        and runs again when it is answered (the default); otherwise the try fails and a
+        later try goes on.
+    :param poke_interval: the trigger's fallback poll, seconds.
+    :param wait_timeout: how long one wait (a deferral) may last; None: no limit.
     """
 
     template_fields: Sequence[str] = ("workspace", "saga_key", "agentpost_conn_id")
 
     def __init__(self, *, workspace: str, handlers: Mapping[str, Handler],
                  saga_key: str | None = None, attempts: int = 3, backoff: float = 0.5,
-                 marks_space: str | None = None, **kwargs: Any) -> None:
+                 marks_space: str | None = None, deferrable: bool = True,
+                 poke_interval: float = DEFAULT_POLL_INTERVAL,
+                 wait_timeout: timedelta | float | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self._wait_settings(deferrable, poke_interval, wait_timeout)
         self.workspace = workspace
         self.saga_key = saga_key
         self.handlers = dict(handlers)
@@ -112,6 +126,23 @@ class _SagaTask(StoreOperator):
         ti = context["ti"]
         key = self.saga_key or fit(f"airflow/{ti.dag_id}/{ti.run_id}", MAX_SAGA_KEY)
         return runner.begin(self.workspace, key, after=after)
+
+    def wait(self, waiting: SagaWaiting) -> NoReturn:
+        """Defer on the command the saga waits for (resumed in `execute_complete`), or,
+        not deferrable, fail the try so that a later one goes on."""
+        if not self.deferrable:
+            raise AirflowException(f"{self.task_id}: {waiting}; a later try goes on")
+        self.log.info("saga %s: command %s (%s) is %s: waiting for it", waiting.saga_id,
+                      waiting.command.command_id, waiting.command.action,
+                      waiting.command.state.value)
+        self.defer_on(waiting.command)
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
+        """The awaited command was answered (or ended): run the task again, which now
+        executes it, or compensates when it was declined, or waits again."""
+        self.log.info("command %s no longer waits: running %s again", self.waited_for(event),
+                      self.task_id)
+        return self.execute(context)
 
     def log_steps(self, view: SagaView) -> None:
         """The saga's steps and what became of their compensations, one line each."""
@@ -176,7 +207,7 @@ class SagaStepOperator(_SagaTask):
                 self.log_steps(exc.saga)
                 raise SagaStepFailed(f"{self.task_id}: {exc}") from None
             except SagaWaiting as exc:
-                raise AirflowException(f"{self.task_id}: {exc}; a later try goes on") from None
+                self.wait(exc)
         context["ti"].xcom_push(key="command_id", value=view.command_id)
         self.log.info("step %s: command %s executed%s", self.step, view.command_id,
                       " (replayed)" if view.duplicate else "")
@@ -201,7 +232,7 @@ class SagaCompensationOperator(_SagaTask):
                 try:
                     view = runner.resume(view.saga_id)
                 except SagaWaiting as exc:
-                    raise AirflowException(f"{self.task_id}: {exc}") from None
+                    self.wait(exc)
         return self._judge(view)
 
     def _judge(self, view: SagaView) -> str:
@@ -261,9 +292,9 @@ class DagSaga:
 
     :param name: the saga's name in the DAG (the outcome task is ``<name>_outcome``).
     :param auto_confirm: the default auto-confirm policy of the steps (None: each step
-        waits for a person's confirmation, and its task fails the try until then).
+        waits for a person's confirmation, its task deferred until then).
     Other keyword arguments (workspace, handlers, saga_key, attempts, backoff, marks_space,
-    agentpost_conn_id) are passed to every task.
+    deferrable, poke_interval, wait_timeout, agentpost_conn_id) are passed to every task.
     """
 
     def __init__(self, name: str, *, auto_confirm: str | None = None, **shared: Any) -> None:

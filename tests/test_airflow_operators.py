@@ -242,6 +242,86 @@ def test_guarded_action_runs_only_on_allow(office: EnvelopeStore) -> None:
         guarded("x", "x", on_refused="ignore")
 
 
+def test_a_retried_mark_write_writes_nothing_new(office: EnvelopeStore, dsn: str) -> None:
+    """At most one mark per task instance: try 2 of the same instance returns try 1's mark
+    id and writes nothing, through the guard and straight into the space; another mapped
+    instance writes its own mark."""
+    for via in ("guard", "space"):
+        op = WriteMarkOperator(task_id=f"observe_{via}", agent="weather-bot", scopes=CALENDAR,
+                               space="trips", mark_type="observation", scope="calendar",
+                               fields={"topic": "weather", "content": {"sky": "clear"}},
+                               via=via)
+        first = run(op, 1)
+        assert run(op, 2) == first and run(op, 3) == first
+        assert run(op, 1, map_index=0) != first
+    with PostgresMarkSpace(dsn, scopes=CALENDAR, space="trips") as marks:
+        assert len(marks) == 4
+
+
+def guarded_booking(fn: Any, task_id: str = "book") -> GuardedActionOperator:
+    return GuardedActionOperator(task_id=task_id, agent="alice", scopes=CALENDAR,
+                                 space="trips", scope="calendar", resource="room-101",
+                                 intent_action="book", result_action="booked",
+                                 python_callable=fn, op_args=["alice"])
+
+
+def test_a_retried_guarded_action_replays_its_result(office: EnvelopeStore) -> None:
+    """At most once per task instance: a retry after the callable ran and its action was
+    recorded (here: the try failed after the call) returns the recorded result and pushes
+    the decision again, without calling the callable."""
+    calls: list[str] = []
+
+    def book(who: str) -> dict[str, str]:
+        calls.append(who)
+        return {"room": "101", "by": who}
+
+    op = guarded_booking(book)
+    first, second = StandInTI(1, task_id="book"), StandInTI(2, task_id="book")
+    assert op.execute(context(first)) == {"room": "101", "by": "alice"}
+    assert op.execute(context(second)) == {"room": "101", "by": "alice"}
+    assert calls == ["alice"]
+    assert second.xcoms["decision"]["verdict"] == "allow"
+    assert second.xcoms["decision"]["intent_id"] == first.xcoms["decision"]["intent_id"]
+    assert "replayed" in second.xcoms["decision"]["reason"]
+
+
+def test_a_try_that_died_mid_call_is_not_called_again(office: EnvelopeStore) -> None:
+    """A try whose callable started and recorded no outcome (SystemExit: the worker going
+    away mid-call) may have acted: every retry fails without calling it, saying what to
+    check and how to release it; a callable that raised an exception is called again."""
+    calls: list[int] = []
+
+    def dies(who: str) -> dict[str, str]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise SystemExit(1)
+        return {"room": "101"}
+
+    op = guarded_booking(dies)
+    with pytest.raises(SystemExit):
+        run(op, 1)
+    for try_number in (2, 3):
+        with pytest.raises(AirflowFailException, match=(
+                r"^book: an earlier try started the callable at .* recorded no outcome.*"
+                r"may or may not have run.*mark this task instance success.*"
+                r"release_key\('airflow/d/book/manual__")):
+            run(op, try_number)
+    assert calls == [1]
+
+    def flaky(who: str) -> dict[str, int]:
+        calls.append(2)
+        if calls.count(2) == 1:
+            raise RuntimeError("calendar API timed out")
+        return {"room": 102}
+
+    op = guarded_booking(flaky, task_id="flaky")
+    op.resource = "room-102"
+    with pytest.raises(RuntimeError, match="timed out"):
+        run(op, 1)
+    assert run(op, 2) == {"room": 102} and run(op, 3) == {"room": 102}
+    assert calls == [1, 2, 2]
+
+
 def test_unknown_workspace_fails_with_the_stores_reason(office: EnvelopeStore) -> None:
     """An unknown workspace is the store's one-line NotFound, not a SQL traceback."""
     with pytest.raises(AirflowFailException, match=r"^lease: NotFound: .*ghost"):

@@ -74,6 +74,9 @@ _LAZY = {
     "InMemorySink": "telemetry",
     "FailingSink": "telemetry",
     "PostgresMarkSpace": "postgres",
+    "KeyRecord": "keys",
+    "KeyInUse": "keys",
+    "UnsettledCall": "keys",
 }
 
 

@@ -55,6 +55,10 @@ Readings chosen where the spec leaves room (docs/design.md repeats them):
   intent on the resource). When another agent's active action is already on the resource (a
   race, §6.3) the new action supersedes *that* action instead, and the guard warns its agent
   with a warning that `invalidates` the superseded action.
+- `execute_once` keys a call (keys.py): the key's record is committed before the tool runs,
+  outside the lock's transaction, and settled with the action in the action's; a settled key
+  replays the action's result, an unsettled one (the caller died in the tool) raises
+  `UnsettledCall` and calls nothing, a failed one calls again.
 - `execute` records a raising tool as a failed action (which claims nothing) and re-raises;
   a result larger than the space's content bound is recorded as its size
   (``{"oversize": true, "bytes": n, "limit": m}``), since the action must be stored.
@@ -71,6 +75,7 @@ Readings chosen where the spec leaves room (docs/design.md repeats them):
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -104,6 +109,7 @@ from agentpost.marks.core import (
     winning_intent,
 )
 from agentpost.marks.envelope import EnvelopeVerdict, Finding, StatisticalEnvelope
+from agentpost.marks.keys import KeyRecord, UnsettledCall, check_key, check_same
 from agentpost.marks.rate_limit import RateDecision, RateLimiter
 from agentpost.marks.telemetry import (
     ACTIVE_MARKS,
@@ -802,15 +808,55 @@ class Guard:
         """§9.2: pre_action, the tool only on ALLOW (P37), then post_action. The whole
         check-act-record runs under ``space.lock(scope, resource)``, so the next agent on the
         resource finds the committed action (P39), not a pending intent."""
+        decision, result, _ = self._traced(
+            agent, scope, resource, intent_action, result_action, tool_fn, confidence, None
+        )
+        return decision, result
+
+    def execute_once(
+        self,
+        key: str,
+        agent: Agent,
+        scope: str,
+        resource: str,
+        intent_action: str,
+        result_action: str,
+        tool_fn: Callable[[], Any],
+        confidence: float = 1.0,
+    ) -> tuple[GuardDecision, Any, bool]:
+        """`execute` at most once per caller-chosen `key` (keys.py), for callers that retry
+        (an Airflow task's tries share a key). Returns (decision, result, replayed): a key
+        whose call recorded its action replays it (ALLOW, the action's recorded result, the
+        tool not called, nothing written); a key whose call started and recorded nothing
+        raises `UnsettledCall` (it may have acted); a key whose call raised calls again.
+        Otherwise as `execute`, with the key's record committed before the tool runs."""
+        key = check_key(key)
+        return self._traced(
+            agent, scope, resource, intent_action, result_action, tool_fn, confidence, key
+        )
+
+    def _traced(
+        self,
+        agent: Agent,
+        scope: str,
+        resource: str,
+        intent_action: str,
+        result_action: str,
+        tool_fn: Callable[[], Any],
+        confidence: float,
+        key: str | None,
+    ) -> tuple[GuardDecision, Any, bool]:
+        """`execute` and `execute_once`, with their telemetry event (P58)."""
         outcome: dict[str, Any] = {"verdict": None, "tool_called": False, "failed": False}
         try:
             decision, result, error = self._execute(
-                agent, scope, resource, intent_action, result_action, tool_fn, confidence, outcome
+                agent, scope, resource, intent_action, result_action, tool_fn, confidence,
+                outcome, key,
             )
             if error is not None:
                 outcome["failed"] = True
                 raise error
-            return decision, result
+            return decision, result, bool(outcome.get("replayed"))
         except Exception as exc:
             outcome["error"] = type(exc).__name__
             raise
@@ -829,22 +875,58 @@ class Guard:
         tool_fn: Callable[[], Any],
         confidence: float,
         outcome: dict[str, Any],
+        key: str | None = None,
     ) -> tuple[GuardDecision, Any, Exception | None]:
         gate = self._verb_gate(agent, scope, result_action)
         if gate is not None:
             outcome.update(verdict=gate.verdict, check=gate.check, reason=gate.reason)
             return gate, None, None
         with self.space.lock(scope, resource):
+            replay = self._replay(key, agent, scope, resource) if key is not None else None
+            if replay is not None:
+                outcome.update(verdict=Verdict.ALLOW, replayed=True)
+                return replay[0], replay[1], None
             decision = self.pre_action(agent, scope, resource, intent_action, confidence)
             outcome.update(verdict=decision.verdict, check=decision.check, reason=decision.reason)
             if decision.verdict is not Verdict.ALLOW:
                 return decision, None, None
+            if key is not None:  # committed now: a crash in the tool cannot take it back
+                self.space.record_key(KeyRecord(
+                    key=key, kind="execute", agent_id=agent.id, scope=scope,
+                    resource=resource, intent_id=decision.intent_id,
+                    started_at=self.space.now()))
             outcome["tool_called"] = True
             result, error = _call(tool_fn)
-            outcome["action_id"] = self._record_outcome(
+            action_id = self._record_outcome(
                 agent, scope, resource, result_action, decision, result, error
             )
+            if key is not None:  # in the action's transaction
+                self.space.settle_key(key, action_id, failed=error is not None)
+            outcome["action_id"] = action_id
         return decision, result, error
+
+    def _replay(
+        self, key: str, agent: Agent, scope: str, resource: str
+    ) -> tuple[GuardDecision, Any] | None:
+        """What an earlier call under `key` decides (under the resource's lock): its
+        recorded action replayed, UnsettledCall, or None (no call yet, or a failed one)."""
+        _require_agent(agent)
+        earlier = self.space.key_record(key)
+        if earlier is None:
+            return None
+        check_same(earlier, "execute", agent.id, scope, resource)
+        if not earlier.settled:
+            raise UnsettledCall(earlier)
+        if earlier.failed:
+            return None
+        action = self.space.get(earlier.mark_id)
+        result = json.loads(json.dumps(action.result)) if isinstance(action, Action) else {}
+        decision = GuardDecision(
+            verdict=Verdict.ALLOW,
+            reason=f"replayed: key {key!r} already ran as action {earlier.mark_id}",
+            intent_id=earlier.intent_id,
+        )
+        return decision, result
 
     def _verb_gate(self, agent: Agent, scope: str, result_action: str) -> GuardDecision | None:
         scope_def = self.space.get_scope(scope)

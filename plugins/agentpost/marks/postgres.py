@@ -63,7 +63,7 @@ import math
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar
 from uuid import UUID
 
@@ -94,6 +94,7 @@ from agentpost.marks.core import (
     trust_weight,
     visible_to,
 )
+from agentpost.marks.keys import KeyInUse, KeyRecord, check_key, check_same
 from agentpost.marks.space import (
     ClockSpec,
     SpaceBase,
@@ -149,6 +150,9 @@ _VERDICT_COLUMNS = (
     "expires_at",
     "consumed_by",
 )
+#: columns of the key_get query, in order (KeyRecord fields)
+_KEY_COLUMNS = ("key", "kind", "agent_id", "scope", "resource", "intent_id", "mark_id",
+                "failed", "started_at", "calls")
 #: mark fields stored in columns of their own; every other field goes to the JSON body
 _COLUMN_FIELDS = frozenset(MARK_COLUMNS) | {"projected"}
 #: fields of the write rows that are mark fields (the rest are computed in _row)
@@ -718,6 +722,52 @@ class PostgresMarkSpace(SpaceBase):
              "action_id": str(action_id), "now": self.now()},
         )
         return bool(rows)
+
+    # ----------------------------------------------------------------- keys (keys.py)
+
+    def key_record(self, key: str) -> KeyRecord | None:
+        """What `key` did in this space (sql/0043_mark_keys.sql), or None."""
+        rows = self._rows("key_get", {"key": check_key(key)})
+        return KeyRecord(**dict(zip(_KEY_COLUMNS, rows[0], strict=True))) if rows else None
+
+    def key_lock(self, key: str) -> AbstractContextManager[None]:
+        """A transaction holding an advisory lock on the key (joins an open lock())."""
+        return self._transaction("agentpost.marks-key:" + json.dumps([self.space,
+                                                                      check_key(key)]))
+
+    def record_key(self, record: KeyRecord) -> KeyRecord:
+        """A write's record joins the open transaction; a call's start is committed at once
+        on a connection of its own, so that no rollback of the guard's lock transaction (a
+        crash in the tool) can take it back."""
+        params = {"key": record.key, "kind": record.kind, "agent_id": str(record.agent_id),
+                  "scope": record.scope, "resource": record.resource,
+                  "intent_id": str(record.intent_id) if record.intent_id else None,
+                  "mark_id": str(record.mark_id) if record.mark_id else None,
+                  "started_at": record.started_at}
+        if record.kind == "execute":
+            with self._pool.cursor() as cur:  # autocommit, outside any lock() transaction
+                cur.execute(QUERIES["key_put"], {"space": self.space, **params})
+                rows = cur.fetchall()
+        else:
+            rows = self._rows("key_put", params)
+        if not rows:
+            earlier = self.key_record(record.key)
+            if earlier is not None:
+                check_same(earlier, record.kind, record.agent_id, record.scope,
+                           record.resource)
+            raise KeyInUse(f"key {record.key!r} is in use")
+        return record.model_copy(update={"calls": int(rows[0][0])})
+
+    def settle_key(self, key: str, mark_id: UUID, failed: bool = False) -> None:
+        """The action of a started call, in the open transaction (with the action mark)."""
+        rows = self._rows("key_settle", {"key": check_key(key), "mark_id": str(mark_id),
+                                         "failed": bool(failed)})
+        if not rows:
+            raise KeyInUse(f"key {key!r} names no call under way")
+
+    def release_key(self, key: str) -> bool:
+        """Delete the record of a call that recorded no outcome (a person checked it)."""
+        return bool(self._rows("key_release", {"key": check_key(key)}))
 
     # ----------------------------------------------------------------- guard lock
 

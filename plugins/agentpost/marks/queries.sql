@@ -170,3 +170,37 @@ UPDATE agentpost.mark_verdicts
  WHERE space = %(space)s AND scope = %(scope)s AND resource = %(resource)s
    AND agent_id = %(agent_id)s AND allowed AND consumed_by IS NULL AND expires_at >= %(now)s
 RETURNING boundary
+
+-- name: key_get
+-- What a caller-chosen key did in the space (sql/0043_mark_keys.sql).
+SELECT key, kind, agent_id, scope, resource, intent_id, mark_id, failed, started_at, calls
+  FROM agentpost.mark_keys
+ WHERE space = %(space)s AND key = %(key)s
+
+-- name: key_put
+-- Record a write, or the start of a call, under a key: a new row, or a new start of the same
+-- call after a failed one. No row back: the key names something else, or a call under way.
+INSERT INTO agentpost.mark_keys AS k (space, key, kind, agent_id, scope, resource,
+                                      intent_id, mark_id, started_at)
+VALUES (%(space)s, %(key)s, %(kind)s, %(agent_id)s, %(scope)s, %(resource)s, %(intent_id)s,
+        %(mark_id)s, %(started_at)s)
+ON CONFLICT (space, key) DO UPDATE
+   SET intent_id = EXCLUDED.intent_id, mark_id = NULL, failed = false,
+       started_at = EXCLUDED.started_at, calls = k.calls + 1
+ WHERE k.kind = 'execute' AND k.failed AND EXCLUDED.kind = 'execute'
+   AND k.agent_id = EXCLUDED.agent_id AND k.scope = EXCLUDED.scope
+   AND k.resource IS NOT DISTINCT FROM EXCLUDED.resource
+RETURNING calls
+
+-- name: key_settle
+-- A call's outcome: the action mark that records it (in the action's transaction).
+UPDATE agentpost.mark_keys
+   SET mark_id = %(mark_id)s, failed = %(failed)s
+ WHERE space = %(space)s AND key = %(key)s AND kind = 'execute' AND mark_id IS NULL
+RETURNING calls
+
+-- name: key_release
+-- A person's release of a call that recorded no outcome: the next call under the key runs.
+DELETE FROM agentpost.mark_keys
+ WHERE space = %(space)s AND key = %(key)s AND kind = 'execute' AND mark_id IS NULL
+RETURNING calls

@@ -53,7 +53,7 @@ import time
 from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 from uuid import UUID, uuid4
@@ -92,6 +92,7 @@ from agentpost.marks.core import (
     trust_weight,
     visible_to,
 )
+from agentpost.marks.keys import KeyInUse, KeyRecord, check_key, check_same
 
 log = logging.getLogger(__name__)
 
@@ -409,6 +410,52 @@ class SpaceBase(ABC):
         """Record that ``action_id`` used the agent's ALLOW on (scope, resource); False when
         it had none left to use."""
 
+    # ----------------------------------------------------------------- keys (keys.py)
+
+    @abstractmethod
+    def key_record(self, key: str) -> KeyRecord | None:
+        """What `key` did in this space (a write, a call), or None."""
+
+    @abstractmethod
+    def key_lock(self, key: str) -> AbstractContextManager[None]:
+        """Serialize the writers of one key, like `lock` (a transaction on Postgres)."""
+
+    @abstractmethod
+    def record_key(self, record: KeyRecord) -> KeyRecord:
+        """Record a write (in the open `lock`/`key_lock` transaction, with the mark) or the
+        start of a call (committed at once, on its own, even inside a lock: it must survive
+        the call). A call may start again after a failed one (``calls`` counts). KeyInUse
+        when the key names something else or a call under way; returns the stored record."""
+
+    @abstractmethod
+    def settle_key(self, key: str, mark_id: UUID, failed: bool = False) -> None:
+        """Record the action mark of a started call (in the open transaction)."""
+
+    @abstractmethod
+    def release_key(self, key: str) -> bool:
+        """A person's release of a call that recorded no outcome, after checking what it did:
+        the next call under the key runs. False when there was no such call."""
+
+    def write_once(self, agent: Agent, mark: Mark, key: str,
+                   write: Callable[[Agent, Mark], UUID] | None = None) -> tuple[UUID, bool]:
+        """Write `mark` at most once per `key`: the first call writes it (through `write`,
+        e.g. a guard's `write_mark`; default `self.write`) and records the key in the same
+        transaction; a later call returns that mark's id. Returns (id, written now)."""
+        key = check_key(key)
+        if not isinstance(agent, Agent):
+            raise InvalidArgument(f"expected an Agent, got {type(agent).__name__}")
+        with self.key_lock(key):
+            earlier = self.key_record(key)
+            if earlier is not None:
+                check_same(earlier, "write", agent.id, mark.scope, None)
+                assert earlier.mark_id is not None
+                return earlier.mark_id, False
+            mark_id = (write or self.write)(agent, mark)
+            self.record_key(KeyRecord(key=key, kind="write", agent_id=agent.id,
+                                      scope=mark.scope, mark_id=mark_id,
+                                      started_at=self.now()))
+            return mark_id, True
+
     def _check_verdicts(
         self, scope: str, resource: str, verdicts: Sequence[DeferredVerdict]
     ) -> list[DeferredVerdict]:
@@ -463,6 +510,7 @@ class MarkSpace(SpaceBase):
         self._subscriptions: dict[UUID, _Subscription] = {}
         self._key_locks: dict[tuple[str, str], threading.RLock] = {}
         self._verdicts: dict[tuple[str, str], dict[UUID, DeferredVerdict]] = {}
+        self._keys: dict[str, KeyRecord] = {}
         self._boundaries = 0
         self._swept = 1
         super().__init__(scopes, clock, max_content_bytes)
@@ -834,6 +882,42 @@ class MarkSpace(SpaceBase):
             self._verdicts[(scope, resource)][agent_id] = verdict.model_copy(
                 update={"consumed_by": action_id}
             )
+            return True
+
+    # ----------------------------------------------------------------- keys
+
+    def key_record(self, key: str) -> KeyRecord | None:
+        with self._lock:
+            return self._keys.get(check_key(key))
+
+    def key_lock(self, key: str) -> AbstractContextManager[None]:
+        return self.lock("\x00key", check_key(key))  # no scope name holds a NUL
+
+    def record_key(self, record: KeyRecord) -> KeyRecord:
+        with self._lock:
+            earlier = self._keys.get(record.key)
+            if earlier is not None:
+                check_same(earlier, record.kind, record.agent_id, record.scope,
+                           record.resource)
+                if record.kind != "execute" or not earlier.failed:
+                    raise KeyInUse(f"key {record.key!r} is in use")
+                record = record.model_copy(update={"calls": earlier.calls + 1})
+            self._keys[record.key] = record
+            return record
+
+    def settle_key(self, key: str, mark_id: UUID, failed: bool = False) -> None:
+        with self._lock:
+            earlier = self._keys.get(key)
+            if earlier is None or earlier.kind != "execute" or earlier.settled:
+                raise KeyInUse(f"key {key!r} names no call under way")
+            self._keys[key] = earlier.model_copy(update={"mark_id": mark_id, "failed": failed})
+
+    def release_key(self, key: str) -> bool:
+        with self._lock:
+            earlier = self._keys.get(check_key(key))
+            if earlier is None or earlier.kind != "execute" or earlier.settled:
+                return False
+            del self._keys[key]
             return True
 
     # ----------------------------------------------------------------- guard lock
