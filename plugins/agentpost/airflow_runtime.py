@@ -225,8 +225,7 @@ class AirflowClient:
         found = self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
                                     f"/logs/{try_number}", params={"full_content": "true"},
                              headers={"Accept": "application/json"})["content"]
-        events = [m if isinstance(m, str) else m.get("event", "") for m in found]
-        return "\n".join(events[-lines:])
+        return "\n".join([_log_line(m) for m in found][-lines:])
 
     def wait_for_dag(self, dag_id: str, timeout: float = 180.0) -> dict[str, Any]:
         """The DAG once the dag-processor has parsed it."""
@@ -535,3 +534,13 @@ def _in_session(sid: int) -> Iterable[psutil.Process]:
         except psutil.Error:
             continue
 
+
+def _log_line(message: str | dict[str, Any]) -> str:
+    """One structured log message as text, with its exception's type and message (Airflow
+    keeps those apart from the event, in ``error_detail``)."""
+    if isinstance(message, str):
+        return message
+    errors = message.get("error_detail") or []
+    causes = [f"{e.get('exc_type')}: {e.get('exc_value')}" for e in errors
+              if isinstance(e, dict)]
+    return "\n".join([str(message.get("event", "")), *causes])
