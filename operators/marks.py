@@ -248,7 +248,7 @@ class GuardedActionOperator(_MarksOperator):
                 "died or it raised a BaseException mid-call, so the callable may or may not "
                 "have run, and it is not called again. Check whether the effect happened; "
                 "then mark this task instance success, or release the call with "
-                f"PostgresMarkSpace(dsn, space={self.space!r}).release_key({record.key!r}) "
+                f"`agentpost mark-key release {record.key!r} --space {self.space!r}` "
                 "and clear the task to run it again")
 
 

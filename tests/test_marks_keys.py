@@ -164,3 +164,29 @@ def test_a_killed_process_leaves_an_unsettled_call(dsn: str) -> None:
             Guard(space).execute_once("af/t/run", ALICE, "calendar", "room-101", "book",
                                       "booked", tool)
         assert tool.calls == 0
+
+
+def test_a_person_releases_an_unsettled_key_from_the_cli(dsn: str,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """`agentpost mark-key show|release`: after the killed call above, a person reads the
+    key's record (no outcome), releases it, and the next call under the key runs; a settled
+    key cannot be released and an unknown one is a clear usage error (exit 2)."""
+    from agentpost.cli import main
+
+    script = textwrap.dedent(CRASH.format(agent_id=ALICE.id))
+    subprocess.run([sys.executable, "-c", script, dsn], capture_output=True, timeout=60,
+                   check=False)
+    assert main(["--dsn", dsn, "mark-key", "show", "af/t/run", "--space", "crash"]) == 0
+    shown = capsys.readouterr().out
+    assert '"mark_id": null' in shown and '"kind": "execute"' in shown, shown
+    assert main(["--dsn", dsn, "mark-key", "release", "af/t/run", "--space", "crash"]) == 0
+    assert '"released": true' in capsys.readouterr().out
+    with PostgresMarkSpace(dsn, scopes=[CALENDAR], space="crash") as space:
+        tool = Tool()
+        decision, _, replayed = Guard(space).execute_once("af/t/run", ALICE, "calendar",
+                                                          "room-101", "book", "booked", tool)
+        assert decision.verdict is Verdict.ALLOW and tool.calls == 1 and not replayed
+    assert main(["--dsn", dsn, "mark-key", "release", "af/t/run", "--space", "crash"]) == 2
+    assert "is settled" in capsys.readouterr().err
+    assert main(["--dsn", dsn, "mark-key", "show", "nope", "--space", "crash"]) == 2
+    assert "no key 'nope'" in capsys.readouterr().err

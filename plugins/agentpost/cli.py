@@ -272,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     from agentpost.fleet_cli import register as register_fleet
     from agentpost.gateway.cli import register as register_gateway
     from agentpost.inbox_cli import register as register_inbox
+    from agentpost.marks_cli import register as register_mark_keys
     from agentpost.registry_cli import register as register_registry
     from agentpost.routes_cli import register as register_routes
 
@@ -281,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_routes(sub)
     register_registry(sub)
     register_fleet(sub)
+    register_mark_keys(sub)
     return parser
 
 
