@@ -12,7 +12,8 @@ as the REST API reports it:
   is held until the deferral settled, docs/airflow.md "The deferral race");
 - poke: the same sensor with ``deferrable=False`` poking every 5 s from a worker slot. Each
   send waits a random part of the poke interval first, so sends land at random phases of the
-  poke cycle as real arrivals do;
+  poke cycle as real arrivals do (and a deferred sensor's send a random part of the
+  triggerer's 1 s loop, `TRIGGERER_TICK`);
 - asset watcher, a separate measurement: send -> the start of a DAG run scheduled by an
   `AssetWatcher` on `agentpost.triggers.InboxEventTrigger`; it runs only when that trigger is
   importable, else prints "not measured: InboxEventTrigger missing".
@@ -57,6 +58,11 @@ MISSING = "not measured: InboxEventTrigger missing"
 #: state success, but the task instance's state attribute is queued"). The bench waits this
 #: long after deferral, and its sensors retry at once; retried sends are counted and printed.
 DEFER_SETTLE = 3.0
+#: Airflow's trigger runner hands events to its supervisor once per loop, a hard-coded 1 s
+#: (`TriggerRunner.arun`); a deferred sensor's send waits a random part of it first, so sends
+#: land at random phases of that loop as real arrivals do (not just after a loop that
+#: started the trigger, which would measure ~0.85 s every time)
+TRIGGERER_TICK = 1.0
 #: sends whose sensor needed a retry, by DAG (reset per run)
 RETRIED: dict[str, int] = {}
 
@@ -187,8 +193,7 @@ def _sensor_latencies(client: AirflowClient, store: EnvelopeStore, dag_id: str, 
             _wait_task_state(client, dag_id, run_id, {"deferred", "running"})
         ready(len(runs))
         for ws, run_id in runs.items():
-            if kind == "poke":
-                time.sleep(random.uniform(0, POKE_INTERVAL))
+            time.sleep(random.uniform(0, POKE_INTERVAL if kind == "poke" else TRIGGERER_TICK))
             sent_at = time.time()
             store.send(LEAD, ws, "directive", "wake up")
             latencies.append(_task_end(client, dag_id, run_id) - sent_at)
