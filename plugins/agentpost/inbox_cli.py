@@ -51,9 +51,12 @@ def cmd_expire(args: argparse.Namespace) -> int:
 def cmd_maintain(args: argparse.Namespace) -> int:
     from agentpost.store.maintenance import maintain
 
+    idle = None if args.drop_watchers_idle is None else args.drop_watchers_idle * 86400
+    if idle is not None and not idle > 0:
+        raise InvalidInput("--drop-watchers-idle must be a positive number of days")
     cli = _cli()
     with cli._store(args) as store:
-        cli._print_json(maintain(store, vacuum=not args.no_vacuum))
+        cli._print_json(maintain(store, vacuum=not args.no_vacuum, drop_watchers_idle=idle))
     return 0
 
 
@@ -135,9 +138,13 @@ def register(sub: Any) -> None:
     sub.add_parser("expire", help="return every expired lease").set_defaults(func=cmd_expire)
     maintain = sub.add_parser("maintain", help="expire leases, retry deliveries, send rule "
                                                "firings, fail commands whose executor died, "
-                                               "time out exhausted route hops, VACUUM "
+                                               "time out exhausted route hops, prune "
+                                               "event claims, VACUUM "
                                                "ANALYZE (schedule it)")
     maintain.add_argument("--no-vacuum", action="store_true")
+    maintain.add_argument("--drop-watchers-idle", type=float, metavar="DAYS",
+                          help="also forget event watchers (InboxEventTrigger) no trigger "
+                               "asked for in DAYS days; one that comes back starts afresh")
     maintain.set_defaults(func=cmd_maintain)
     dead = sub.add_parser("dead-letters", help="list an inbox's dead-lettered envelopes")
     dead.add_argument("workspace")
