@@ -5,6 +5,7 @@ the store's own checker, and drops its databases. No timing is asserted (shared 
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import psycopg2
@@ -38,9 +39,7 @@ def _scratch_databases(dsn: str) -> list[str]:
         conn.close()
 
 
-def _since_measured(dsn: str) -> bool:
-    import inspect
-
+def _since_measured() -> bool:
     return "since" in inspect.signature(EnvelopeStore.verify_trail).parameters
 
 
@@ -70,7 +69,7 @@ def test_bench_growth_prints_every_size_ratio_and_goal(
             assert re.search(rf"{size} envelopes: {label}\s+[\d.]+ ms\s+empty\s+[\d.]+ ms"
                              rf"{ratio}", out), (size, label)
         since = f"{size} envelopes: verify_trail(since=) last entries"
-        if _since_measured(dsn):
+        if _since_measured():
             assert re.search(rf"{re.escape(since)}\s+[\d.]+ s\s+empty\s+[\d.]+ s{ratio}", out)
         else:
             assert f"{since}  {MISSING}" in out or re.search(
