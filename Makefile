@@ -49,6 +49,8 @@ bench: venv
 	$(BIN)/agentpost bench marks
 	$(BIN)/agentpost bench commands
 	$(BIN)/agentpost bench airflow
+	# fills scratch stores to 100k and 1M envelopes (several minutes); --large adds 10M
+	$(BIN)/agentpost bench growth
 
 # Re-resolve the full lock after changing dependencies in pyproject.toml. The versions already
 # in constraints.txt are kept where they still fit (uv prefers the output file's pins); every

@@ -184,7 +184,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from agentpost.benchmarks import run_benchmark
 
-    return run_benchmark(args.suite, dsn=args.dsn, scale=args.scale)
+    if args.large and args.suite != "growth":
+        print("agentpost: --large is for `agentpost bench growth` only", file=sys.stderr)
+        return EXIT_USAGE
+    return run_benchmark(args.suite, dsn=args.dsn, scale=args.scale, large=args.large)
 
 
 def _short(text: str | None, width: int = 60) -> str:
@@ -267,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("suite", choices=sorted(SUITES))
     bench.add_argument("--scale", type=float, default=1.0,
                        help="multiply the number of operations measured")
+    bench.add_argument("--large", action="store_true",
+                       help="growth only: also fill the store to 10M envelopes")
     bench.set_defaults(func=cmd_bench)
     from agentpost.commands_cli import register as register_commands
     from agentpost.fleet_cli import register as register_fleet

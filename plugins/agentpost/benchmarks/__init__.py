@@ -11,14 +11,17 @@ from collections.abc import Callable
 SUITES: dict[str, str] = {"airflow": "agentpost.benchmarks.airflow",
                           "commands": "agentpost.benchmarks.commands",
                           "envelopes": "agentpost.benchmarks.envelopes",
+                          "growth": "agentpost.benchmarks.growth",
                           "leases": "agentpost.benchmarks.leases",
                           "marks": "agentpost.benchmarks.marks",
                           "routes": "agentpost.benchmarks.routes"}
 
 
-def run_benchmark(suite: str, *, dsn: str | None = None, scale: float = 1.0) -> int:
+def run_benchmark(suite: str, *, dsn: str | None = None, scale: float = 1.0,
+                  large: bool = False) -> int:
+    """Run one suite; `large` (only `growth` takes it) adds its largest size."""
     import importlib
 
     module = importlib.import_module(SUITES[suite])
     run: Callable[..., int] = module.run
-    return run(dsn=dsn, scale=scale)
+    return run(dsn=dsn, scale=scale, **({"large": True} if large else {}))

@@ -1,0 +1,83 @@
+"""Smoke test of `agentpost bench growth` at a tiny scale (sizes 0, 2,000 and 20,000): it runs
+end to end through the CLI on scratch databases of its own, prints every measurement at every
+size beside the empty store's with a ratio, judges every goal, verifies the filled history with
+the store's own checker, and drops its databases. No timing is asserted (shared machines)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import psycopg2
+import pytest
+
+from agentpost.benchmarks.growth import MISSING, RATES
+from agentpost.cli import main
+from agentpost.store import EnvelopeStore
+from agentpost.store.server import dsn_for_database, libpq_dsn
+
+SIZES = ("2,000", "20,000")
+GOALS = (
+    r"at 20,000 envelopes every rate within 1\.5x of the empty store's \(lowest ratio [\d.]+\)",
+    r"verify_trail\(since=\) over the last 2,000 entries independent of total size",
+    r"empty store: single send >= 0\.5 x raw single-row INSERT\+COMMIT \(ratio [\d.]+\)",
+    r"empty store: send_many >= 20,000 envelopes/s",
+    r"empty store: lease\+ack >= 10,000/s with 4 consumers, batches of 100",
+    r"empty store: send→consumer p95 < 5 ms",
+    r"empty store: resolve_deferred over 20 resources < 1 s on Postgres",
+)
+
+
+def _scratch_databases(dsn: str) -> list[str]:
+    conn = psycopg2.connect(dsn_for_database(libpq_dsn(dsn), "postgres"))
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT datname FROM pg_database "
+                        "WHERE datname LIKE 'agentpost_bench_growth_%'")
+            return [name for (name,) in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+def _since_measured() -> bool:
+    return "since" in inspect.signature(EnvelopeStore.verify_trail).parameters
+
+
+@pytest.mark.slow
+def test_bench_growth_prints_every_size_ratio_and_goal(
+        dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue "Flat cost as the store grows": each rate, the latency and the verification at
+    each size beside the empty store's with the ratio; the goals judged met or MISSED; the
+    whole filled trail verifies; the scratch databases are gone afterwards."""
+    before = set(_scratch_databases(dsn))
+    code = main(["--dsn", dsn, "bench", "growth", "--scale", "0.02"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert re.search(r"empty store: raw INSERT\+COMMIT \(psycopg2\)\s+[\d,]+/s", out), out
+    for label in RATES:
+        assert re.search(rf"empty store: {re.escape(label)}\s+[\d,]+/s", out), label
+    assert re.search(r"empty store: send→consumer p50 / p95\s+[\d.]+ ms / [\d.]+ ms", out)
+    assert re.search(r"empty store: resolve_deferred x 20 \(Postgres\)\s+[\d.]+ s", out)
+    assert re.search(r"empty store: verify_trail\(\) whole trail\s+[\d.]+ s for [\d,]+ "
+                     r"entries, verified", out)
+    ratio = r"\s+ratio \d+\.\d\d"
+    for size in SIZES:
+        for label in RATES:
+            assert re.search(rf"{size} envelopes: {re.escape(label)}\s+[\d,]+/s\s+empty\s+"
+                             rf"[\d,]+/s{ratio}", out), (size, label)
+        for label in ("send→consumer p50", "send→consumer p95"):
+            assert re.search(rf"{size} envelopes: {label}\s+[\d.]+ ms\s+empty\s+[\d.]+ ms"
+                             rf"{ratio}", out), (size, label)
+        since = f"{size} envelopes: verify_trail(since=) last entries"
+        if _since_measured():
+            assert re.search(rf"{re.escape(since)}\s+[\d.]+ s\s+empty\s+[\d.]+ s{ratio}", out)
+        else:
+            assert f"{since}  {MISSING}" in out or re.search(
+                rf"{re.escape(since)}\s+{re.escape(MISSING)}", out), out
+    # the generated history is a store the store's own checker accepts
+    assert re.search(r"2,000 envelopes: verify_trail\(\) whole trail\s+[\d.]+ s for [\d,]+ "
+                     r"entries, verified", out), out
+    assert re.search(r"history filled\s+20,000 envelopes in 20 inbox pairs", out), out
+    for goal in GOALS:
+        assert re.search(rf"\[(met|MISSED)\] {goal}", out), goal
+    assert set(_scratch_databases(dsn)) == before
