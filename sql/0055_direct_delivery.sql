@@ -163,49 +163,51 @@ BEGIN
     v_last := agentpost._chains_last_at(agentpost._lock_senders(p_drafts, 'agent'));
     v_last := greatest(clock_timestamp(), coalesce(v_last, '-infinity'));
 
-    -- validate (writes nothing): _accept's reasons, in its order
-    SELECT bool_or(d.envelope_id IS NOT NULL OR jsonb_array_length(d.rights) > 0
+    -- validate (writes nothing): _accept's reasons, in its order (sorted once, aggregated
+    -- in that order)
+    SELECT bool_or(x.slow), array_agg(x.i), array_agg(x.sender), array_agg(x.recipient),
+           array_agg(x.type), array_agg(x.format), array_agg(x.content),
+           array_agg(x.attachments), array_agg(x.in_reply_to), array_agg(x.priority),
+           array_agg(x.tags), array_agg(x.headers), array_agg(x.meta), array_agg(x.orig),
+           array_agg(x.reason)
+      INTO v_slow, a_i, a_sender, a_recipient, a_type, a_format, a_content, a_att, a_reply,
+           a_prio, a_tags, a_headers, a_meta, a_orig, a_reason
+      FROM (SELECT d.i, d.sender, d.recipient, d.type, d.format, d.content, d.attachments,
+                   d.in_reply_to, d.priority, d.tags, d.headers, d.meta,
+                   s.originator AS orig, v.reason,
+                   d.envelope_id IS NOT NULL OR jsonb_array_length(d.rights) > 0
                    OR (v.reason IS NULL AND NOT EXISTS (
                        SELECT 1 FROM agentpost.port_rights pr
                         WHERE pr.holder = d.sender AND pr.target = d.recipient
-                          AND pr.kind = 'send' AND pr.state = 'live'))),
-           array_agg(d.i ORDER BY d.sender, d.i), array_agg(d.sender ORDER BY d.sender, d.i),
-           array_agg(d.recipient ORDER BY d.sender, d.i),
-           array_agg(d.type ORDER BY d.sender, d.i), array_agg(d.format ORDER BY d.sender, d.i),
-           array_agg(d.content ORDER BY d.sender, d.i),
-           array_agg(d.attachments ORDER BY d.sender, d.i),
-           array_agg(d.in_reply_to ORDER BY d.sender, d.i),
-           array_agg(d.priority ORDER BY d.sender, d.i),
-           array_agg(d.tags ORDER BY d.sender, d.i),
-           array_agg(d.headers ORDER BY d.sender, d.i), array_agg(d.meta ORDER BY d.sender, d.i),
-           array_agg(s.originator ORDER BY d.sender, d.i),
-           array_agg(v.reason ORDER BY d.sender, d.i)
-      INTO v_slow, a_i, a_sender, a_recipient, a_type, a_format, a_content, a_att, a_reply,
-           a_prio, a_tags, a_headers, a_meta, a_orig, a_reason
-      FROM jsonb_to_recordset(p_drafts) AS d(
-               i int, sender text, recipient text, type text, format text, content text,
-               attachments jsonb, in_reply_to text, priority text, rights jsonb,
-               keys text[], malformed text, envelope_id text, tags jsonb, headers jsonb,
-               meta jsonb)
-      LEFT JOIN agentpost.workspaces s ON s.id = d.sender
-      LEFT JOIN agentpost.workspaces t ON t.id = d.recipient
-      LEFT JOIN agentpost.envelope_types ty ON ty.name = d.type
-     CROSS JOIN LATERAL (SELECT CASE
-               WHEN d.malformed IS NOT NULL THEN 'invalid_structure'
-               WHEN ty.name IS NULL THEN 'invalid_type'
-               WHEN t.id IS NULL THEN 'target_not_found'
-               WHEN t.state IN ('integrating', 'closed', 'failed') THEN 'target_terminal'
-               WHEN cardinality(ty.required_fields) > 0
-                    AND NOT coalesce(ty.required_fields <@ d.keys, false)
-                   THEN 'invalid_structure'
-               WHEN NOT (
-                    (s.delegation AND t.parent = s.id AND d.type IN ('directive', 'feedback'))
-                    OR (t.delegation AND s.parent = t.id AND d.type = 'query')
-                    OR EXISTS (SELECT 1 FROM agentpost.permissions p
-                                WHERE p.type = d.type AND p.sender_role = ANY (s.lineage)
-                                  AND p.receiver_role = ANY (t.lineage)))
-                   THEN 'permission_denied'
-           END AS reason) v;
+                          AND pr.kind = 'send' AND pr.state = 'live')) AS slow
+              FROM jsonb_to_recordset(p_drafts) AS d(
+                       i int, sender text, recipient text, type text, format text,
+                       content text, attachments jsonb, in_reply_to text, priority text,
+                       rights jsonb, keys text[], malformed text, envelope_id text, tags jsonb,
+                       headers jsonb, meta jsonb)
+              LEFT JOIN agentpost.workspaces s ON s.id = d.sender
+              LEFT JOIN agentpost.workspaces t ON t.id = d.recipient
+              LEFT JOIN agentpost.envelope_types ty ON ty.name = d.type
+             CROSS JOIN LATERAL (SELECT CASE
+                       WHEN d.malformed IS NOT NULL THEN 'invalid_structure'
+                       WHEN ty.name IS NULL THEN 'invalid_type'
+                       WHEN t.id IS NULL THEN 'target_not_found'
+                       WHEN t.state IN ('integrating', 'closed', 'failed')
+                           THEN 'target_terminal'
+                       WHEN cardinality(ty.required_fields) > 0
+                            AND NOT coalesce(ty.required_fields <@ d.keys, false)
+                           THEN 'invalid_structure'
+                       WHEN NOT (
+                            (s.delegation AND t.parent = s.id
+                             AND d.type IN ('directive', 'feedback'))
+                            OR (t.delegation AND s.parent = t.id AND d.type = 'query')
+                            OR EXISTS (SELECT 1 FROM agentpost.permissions p
+                                        WHERE p.type = d.type
+                                          AND p.sender_role = ANY (s.lineage)
+                                          AND p.receiver_role = ANY (t.lineage)))
+                           THEN 'permission_denied'
+                   END AS reason) v
+             ORDER BY d.sender, d.i) x;
     IF v_slow OR a_i IS NULL THEN
         RETURN;
     END IF;
@@ -251,55 +253,51 @@ BEGIN
                     ELSE ARRAY(SELECT jsonb_array_elements_text(f.tags)) END,
                coalesce(f.headers, '{}'), coalesce(f.meta, '{}')
           FROM flagged f ORDER BY f.seq
-        RETURNING e
+        -- (plain columns: a whole-row value would be taken apart again at every field used)
+        RETURNING e.id, e.seq, e.sender, e.recipient, e.type, e.priority, e.in_reply_to,
+                  e.originator, e.created_at, e.delivered_at, e.status, e.reason,
+                  agentpost._envelope_row(e, true) AS rw
     ), sig AS (
         INSERT INTO agentpost.signals (workspace_id, signal, ref, reason, emitted_by, at)
-        SELECT (x.e).sender,
-               CASE WHEN (x.e).status = 'rejected' THEN 'rejected' ELSE 'acknowledged' END,
-               (x.e).id, (x.e).reason,
-               CASE WHEN (x.e).status = 'rejected' THEN 'runtime' ELSE (x.e).recipient END,
-               coalesce((x.e).delivered_at, (x.e).created_at)
-          FROM ins x WHERE (x.e).status IN ('rejected', 'acknowledged')
-         ORDER BY (x.e).seq
+        SELECT x.sender, CASE WHEN x.status = 'rejected' THEN 'rejected' ELSE 'acknowledged' END,
+               x.id, x.reason,
+               CASE WHEN x.status = 'rejected' THEN 'runtime' ELSE x.recipient END,
+               coalesce(x.delivered_at, x.created_at)
+          FROM ins x WHERE x.status IN ('rejected', 'acknowledged')
+         ORDER BY x.seq
     ), entries AS (
-        SELECT (x.e).seq, j,
-               CASE WHEN j = 1 THEN (x.e).sender
-                    WHEN (x.e).status = 'rejected' THEN (x.e).sender
-                    ELSE (x.e).recipient END AS chain,
-               CASE WHEN j = 1 AND (x.e).status = 'rejected' THEN 'envelope_rejected'
+        SELECT x.seq, j,
+               CASE WHEN j = 1 OR x.status = 'rejected' THEN x.sender
+                    ELSE x.recipient END AS chain,
+               CASE WHEN j = 1 AND x.status = 'rejected' THEN 'envelope_rejected'
                     WHEN j = 1 THEN 'envelope_created'
-                    WHEN j = 2 AND (x.e).status = 'acknowledged' THEN 'envelope_delivered'
+                    WHEN j = 2 AND x.status = 'acknowledged' THEN 'envelope_delivered'
                     ELSE 'signal_emitted' END AS event,
-               (x.e).id AS env,
+               x.id AS env,
                CASE
-                   WHEN j = 1 AND (x.e).status = 'rejected' THEN jsonb_build_object(
-                       'envelope_id', (x.e).id, 'from', (x.e).sender, 'to', (x.e).recipient,
-                       'type', (x.e).type, 'reason', (x.e).reason,
-                       'timestamp', (x.e).created_at,
-                       'row', agentpost._envelope_row(x.e, true))
+                   WHEN j = 1 AND x.status = 'rejected' THEN jsonb_build_object(
+                       'envelope_id', x.id, 'from', x.sender, 'to', x.recipient,
+                       'type', x.type, 'reason', x.reason, 'timestamp', x.created_at,
+                       'row', x.rw)
                    WHEN j = 1 THEN jsonb_build_object(
-                       'envelope_id', (x.e).id, 'from', (x.e).sender, 'to', (x.e).recipient,
-                       'type', (x.e).type, 'priority', (x.e).priority,
-                       'in_reply_to', (x.e).in_reply_to, 'originator', (x.e).originator,
-                       'origin', 'agent', 'timestamp', (x.e).created_at,
+                       'envelope_id', x.id, 'from', x.sender, 'to', x.recipient,
+                       'type', x.type, 'priority', x.priority, 'in_reply_to', x.in_reply_to,
+                       'originator', x.originator, 'origin', 'agent',
+                       'timestamp', x.created_at,
                        -- the row as its creation left it, before its delivery below
-                       'row', agentpost._envelope_row(x.e, true)
-                              || jsonb_build_object('status', 'validated',
-                                                    'delivered_at_us', NULL))
-                   WHEN (x.e).status = 'rejected' THEN jsonb_build_object(
-                       'signal', 'rejected', 'ref', (x.e).id, 'to', (x.e).sender,
-                       'reason', (x.e).reason)
+                       'row', x.rw || jsonb_build_object('status', 'validated',
+                                                         'delivered_at_us', NULL))
+                   WHEN x.status = 'rejected' THEN jsonb_build_object(
+                       'signal', 'rejected', 'ref', x.id, 'to', x.sender, 'reason', x.reason)
                    WHEN j = 2 THEN jsonb_build_object(
-                       'envelope_id', (x.e).id, 'from', (x.e).sender, 'to', (x.e).recipient,
-                       'delivered_at', (x.e).delivered_at, 'attempt', (x.e).attempts,
-                       'row', agentpost._envelope_row(x.e, false))
-                   ELSE jsonb_build_object('signal', 'acknowledged', 'ref', (x.e).id,
-                                           'to', (x.e).sender)
+                       'envelope_id', x.id, 'from', x.sender, 'to', x.recipient,
+                       'delivered_at', x.delivered_at, 'attempt', 1, 'row', x.rw - 'fixed')
+                   ELSE jsonb_build_object('signal', 'acknowledged', 'ref', x.id,
+                                           'to', x.sender)
                END AS body
           FROM ins x
          CROSS JOIN generate_series(1, 3) AS j
-         WHERE j = 1 OR ((x.e).status = 'rejected' AND j = 2)
-               OR (x.e).status = 'acknowledged'
+         WHERE j = 1 OR (x.status = 'rejected' AND j = 2) OR x.status = 'acknowledged'
     )
     SELECT array_agg(en.chain ORDER BY en.seq, en.j), array_agg(en.event ORDER BY en.seq, en.j),
            array_agg(en.env ORDER BY en.seq, en.j), array_agg(en.body ORDER BY en.seq, en.j),
