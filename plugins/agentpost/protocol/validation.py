@@ -38,6 +38,9 @@ MAX_TAGS = 32
 MAX_TAG = 100
 MAX_HEADERS = 64
 MAX_META_BYTES = 16_384
+# (sets built once: a send checks every draft against them)
+_PRIORITIES = frozenset(p.value for p in Priority)
+_RIGHT_TYPES = frozenset(r.value for r in RightType)
 
 
 class _Malformed(Exception):
@@ -122,7 +125,7 @@ def _rights(rights: object) -> list[dict[str, str]]:
             kind, target = item.type, item.target
         else:
             raise _Malformed("each right is {type, target}")
-        if not isinstance(kind, str) or kind not in {r.value for r in RightType}:
+        if not isinstance(kind, str) or kind not in _RIGHT_TYPES:
             raise _Malformed(f"a right's type is send or send_once, not {sanitize(kind, 40)}")
         out.append({"type": str(kind), "target": clean_text(target, limit=MAX_ID,
                                                              what="right target")})
@@ -188,7 +191,7 @@ def _fill(row: dict[str, Any], fields: Mapping[str, Any], max_content_bytes: int
         raise _Malformed("format must not be empty")
     row["format"] = fmt
     priority = fields.get("priority", "normal")
-    if not isinstance(priority, str) or priority not in {p.value for p in Priority}:
+    if not isinstance(priority, str) or priority not in _PRIORITIES:
         raise _Malformed(f"priority is normal, urgent or blocking, not {sanitize(priority, 40)}")
     row["priority"] = str(priority)
     row["content"], row["keys"] = _content(fields["content"], fmt, max_content_bytes)
@@ -227,6 +230,9 @@ def _extras(row: dict[str, Any], fields: Mapping[str, Any]) -> None:
     meta = fields.get("meta") or {}
     if not isinstance(meta, Mapping):
         raise _Malformed("meta must be an object")
+    if not meta:  # nothing to check, and no JSON round trip for the common draft
+        row["meta"] = {}
+        return
     try:
         encoded = json.dumps(meta, allow_nan=False, ensure_ascii=False)
         encoded.encode("utf-8")
