@@ -86,3 +86,57 @@ def test_send_once_right_takes_the_general_path(fleet: EnvelopeStore, dsn: str) 
     assert first.status == "acknowledged"
     assert (second.status, second.reason) == ("rejected", "no_send_right")
     assert ("third-lead", "port_right_consumed") in _trail_shape(dsn, first.envelope_id)
+
+
+def _xmins(dsn: str, envelope_id: str) -> dict[str, set[str]]:
+    """The transactions (xmin) that wrote the envelope's row, its trail entries and its
+    signals, by table."""
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            found: dict[str, set[str]] = {}
+            for table, column in (("envelopes", "id"), ("trail", "envelope_id"),
+                                  ("signals", "ref")):
+                cur.execute(f"SELECT xmin::text FROM agentpost.{table} "
+                            f"WHERE {column} = %s", (envelope_id,))
+                found[table] = {r[0] for r in cur.fetchall()}
+            return found
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["send", "send_many"])
+def test_a_send_to_an_open_receiver_is_one_durable_commit(fleet: EnvelopeStore, dsn: str,
+                                                          batch: bool) -> None:
+    """Flat cost (one durable commit per send): the envelope row, its three trail entries
+    (created, delivered, signal) and its signal are all written by one transaction, and the
+    row is written once, already delivered (no later UPDATE gives it a newer xmin)."""
+    if batch:
+        [result] = fleet.send_many([{"from": "lead", "to": "w1", "type": "directive",
+                                     "content": "go"}])
+    else:
+        result = fleet.send("lead", "w1", "directive", "go")
+    assert result.status == "acknowledged"
+    written = _xmins(dsn, result.envelope_id)
+    assert _trail_shape(dsn, result.envelope_id) == [
+        ("lead", "envelope_created"), ("w1", "envelope_delivered"),
+        ("w1", "signal_emitted")]
+    assert all(len(x) == 1 for x in written.values()), written
+    assert len(set.union(*written.values())) == 1, written
+    assert fleet.verify_trail().ok
+
+
+def test_a_send_to_a_receiver_with_a_queue_keeps_the_two_phase_path(
+        fleet: EnvelopeStore, dsn: str) -> None:
+    """A receiver that cannot take the envelope now (suspended: its envelopes queue) gets
+    it validated in one transaction and delivered later, in order, by another; the trail
+    is the same shape once delivered and verifies."""
+    queued = fleet.send("lead", "w-paused", "feedback", "queued")
+    assert queued.status == "validated"
+    assert len(set.union(*_xmins(dsn, queued.envelope_id).values())) == 1
+    fleet.transition("w-paused", "active")
+    assert fleet.get(queued.envelope_id).status == "acknowledged"
+    assert [e for _, e in _trail_shape(dsn, queued.envelope_id)] == [
+        "envelope_created", "envelope_delivered", "signal_emitted"]
+    assert len(set.union(*_xmins(dsn, queued.envelope_id).values())) == 2
+    assert fleet.verify_trail().ok
