@@ -94,8 +94,8 @@ def maintenance_dag(*, checkpoint_dir: str | Path | None = None, keep: int = 10,
             context["ti"].xcom_push(key="path", value=str(path))
             return taken.to_dict()
 
-        checked = verify()
-        maintain() >> checked
+        swept, checked = maintain(), verify()
+        swept >> checked
         checkpoint(checked)
     return dag
 
