@@ -299,18 +299,21 @@ def _notifications(conn: Any, count: int, within: float = 10.0) -> list[str]:
 def test_checkpoints_rotate_and_verification_catches_a_cut_trail(
         store: EnvelopeStore, pg: Any, tmp_path: Path) -> None:
     """The maintenance DAG's checkpoint files: the newest `keep` are kept; verification is
-    against the newest, so a trail cut since (the last registry entry and its role deleted,
-    which verify_trail() alone cannot see) fails in one line."""
+    since the newest (nothing was added after it: no entry to read), so a trail cut since
+    (the last registry entry and its role deleted, which verify_trail() alone cannot see)
+    fails in one line."""
     directory = tmp_path / "checkpoints"
-    assert verify_against_latest(store, directory)["anchor"] is None
+    first = verify_against_latest(store, directory)
+    assert first["anchor"] is None and first["entries"] == trail_size(store)
     for k in range(4):
         store.define_role(f"role-{k}")
         path = save_checkpoint(store.checkpoint(), directory, keep=3)
         time.sleep(0.002)
     assert [p.name for p in checkpoints(directory)][-1] == path.name
     assert len(checkpoints(directory)) == 3
-    assert verify_against_latest(store, directory) == {
-        "ok": True, "entries": trail_size(store), "chains": 1, "anchor": path.name}
+    summary = verify_against_latest(store, directory)
+    assert summary.pop("checkpoint")["chains"] == store.checkpoint().to_dict()["chains"]
+    assert summary == {"ok": True, "entries": 0, "chains": 1, "anchor": path.name}
     rows(pg, "DELETE FROM agentpost.trail WHERE id = (SELECT id FROM agentpost.trail"
              " WHERE chain = 'system' ORDER BY chain_seq DESC LIMIT 1)")
     rows(pg, "DELETE FROM agentpost.roles WHERE name = 'role-3'")

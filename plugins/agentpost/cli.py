@@ -118,12 +118,19 @@ def format_trail_event(e: Any) -> str:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     anchor = None if args.anchor is None else _read_file(args.anchor, "checkpoint")
+    since = None if args.since is None else _read_file(args.since, "checkpoint")
+    workers = _workers(args.workers)
     with _store(args) as store:
-        result = store.verify_trail(anchor=anchor)
-    anchored = ("" if anchor is None else f"; every chain reaches the checkpoint of "
-                f"{result.anchor_taken_at:%Y-%m-%d %H:%M:%S} UTC ({result.anchored_chains} chains)")
+        result = store.verify_trail(anchor=anchor, since=since, workers=workers)
+    if result.ok and args.out is not None:
+        from agentpost.protocol.anchor import Checkpoint
+        from agentpost.store.anchor import write_checkpoint
+
+        write_checkpoint(Checkpoint.from_json(result.checkpoint), args.out)
     if result.ok:
-        print(f"trail verified: {result.entries} entries in {result.chains} chains{anchored}")
+        print(f"trail verified: {result.entries} entries in {result.chains} chains"
+              f"{_verified_since(result)}{_verified_anchor(result)}"
+              + ("" if args.out is None else f"; its checkpoint written to {args.out}"))
         return 0
     where = (f"entry #{result.failure_id}" if result.failure_id is not None
              else "a removed entry")
@@ -133,6 +140,27 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for mismatch in result.anchor_mismatches:
         print(f"  {mismatch.problem}", file=sys.stderr)
     return EXIT_FAILED
+
+
+def _verified_since(result: Any) -> str:
+    if result.since_taken_at is None:
+        return ""
+    return f" since the checkpoint of {result.since_taken_at:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _verified_anchor(result: Any) -> str:
+    if result.anchor_taken_at is None:
+        return ""
+    return (f"; every chain reaches the checkpoint of "
+            f"{result.anchor_taken_at:%Y-%m-%d %H:%M:%S} UTC ({result.anchored_chains} chains)")
+
+
+def _workers(value: str) -> int:
+    """--workers as a number; its range is the store's to check (one-line errors both)."""
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidInput(f"--workers is not a whole number: {value[:40]!r}") from None
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
@@ -256,6 +284,14 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="check the trail's hashes and signatures")
     verify.add_argument("--anchor", metavar="FILE",
                         help="also check every chain against this checkpoint (- for stdin)")
+    verify.add_argument("--since", metavar="FILE",
+                        help="check only what came after this verified checkpoint's heads "
+                             "(- for stdin)")
+    verify.add_argument("--workers", metavar="N", default="1",
+                        help="verify the chains in N processes sharing one snapshot")
+    verify.add_argument("--out", metavar="FILE",
+                        help="when it verifies, write the checkpoint of the heads verified to "
+                             "FILE (the next run's --since)")
     verify.set_defaults(func=cmd_verify)
     checkpoint = sub.add_parser("checkpoint", help="write a signed checkpoint of every "
                                                    "chain's head, to keep outside the database")

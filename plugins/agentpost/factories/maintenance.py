@@ -5,13 +5,16 @@ Three tasks, in order:
 1. ``maintain``: `agentpost.store.maintenance.maintain` (what ``agentpost maintain`` runs):
    expired leases returned, due redeliveries, rule firings, stuck commands failed
    (``executor_lost``), timed-out routes moved to error-end, VACUUM ANALYZE;
-2. ``verify``: `verify_trail(anchor=...)` against the newest checkpoint kept so far (the
-   previous run's), so a chain cut short or rewritten since is caught; without one, the
-   hashes and signatures alone. A failure fails the task, and no new checkpoint blesses the
-   trail;
-3. ``checkpoint``: `store.checkpoint()` (signed chain heads), written outside the database
-   to ``<checkpoint_dir>/checkpoint-<taken_at>.json``, keeping the newest ``keep`` files; the
-   checkpoint is also the task's XCom (and its path the XCom ``path``).
+2. ``verify``: `verify_trail(since=...)` since the newest checkpoint kept so far (the one
+   the previous run verified): only what was added since is read, and a chain cut short or
+   rewritten at its head is caught; without one, the whole trail. A failure fails the task,
+   and no new checkpoint blesses the trail;
+3. ``checkpoint``: the checkpoint of the heads the ``verify`` task verified (signed, in its
+   XCom), written outside the database to ``<checkpoint_dir>/checkpoint-<taken_at>.json``,
+   keeping the newest ``keep`` files; it is also the task's XCom (and its path the XCom
+   ``path``). Not a fresh `store.checkpoint()`: entries written between the two tasks would
+   be anchored without ever being verified, and the next run starts after them (the chain
+   of custody, docs/design.md "Long-lived stores: verification, pruning and export").
 
 ``checkpoint_dir`` and ``keep`` come from the factory's arguments, and a manual trigger may
 override them as params.
@@ -81,15 +84,19 @@ def maintenance_dag(*, checkpoint_dir: str | Path | None = None, keep: int = 10,
                 return verify_against_latest(opened, directory())
 
         @task(task_id="checkpoint")
-        def checkpoint() -> dict[str, Any]:
+        def checkpoint(verified: dict[str, Any]) -> dict[str, Any]:
+            from agentpost.protocol.anchor import Checkpoint
+
             context = get_current_context()
-            with store_errors("trail checkpoint"), store() as opened:
-                taken = opened.checkpoint()
+            with store_errors("trail checkpoint"):
+                taken = Checkpoint.from_json(verified["checkpoint"])
                 path = save_checkpoint(taken, directory(), int(context["params"]["keep"]))
             context["ti"].xcom_push(key="path", value=str(path))
             return taken.to_dict()
 
-        maintain() >> verify() >> checkpoint()
+        swept, checked = maintain(), verify()
+        swept >> checked
+        checkpoint(checked)
     return dag
 
 
@@ -119,13 +126,13 @@ def save_checkpoint(checkpoint: Checkpoint, directory: Path, keep: int) -> Path:
 
 
 def verify_against_latest(store: Any, directory: Path) -> dict[str, Any]:
-    """`verify_trail` against the newest checkpoint in `directory` (none: unanchored).
+    """`verify_trail` since the newest checkpoint in `directory` (none: the whole trail);
+    the summary carries the signed checkpoint of the heads verified, for the next run.
     Raises TrailCheckFailed (one line) when the trail does not verify."""
     kept = checkpoints(directory)
-    anchor = kept[-1].read_text(encoding="utf-8") if kept else None
-    result = store.verify_trail(anchor=anchor)
+    result = store.verify_trail(since=kept[-1] if kept else None)
     summary = {"ok": result.ok, "entries": result.entries, "chains": result.chains,
-               "anchor": kept[-1].name if kept else None}
+               "anchor": kept[-1].name if kept else None, "checkpoint": result.checkpoint}
     if not result.ok:
         raise TrailCheckFailed(
             f"{result.failure} (chain {result.failure_chain}, seq {result.failure_seq}); "

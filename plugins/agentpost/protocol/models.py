@@ -210,7 +210,9 @@ class TrailVerification(_Frozen):
     """The result of checking every chain: the first failing entry (lowest trail id) is named
     by id, chain and sequence number, with what failed. Verified against an anchor (a
     checkpoint), it also says when that was taken, how many chains it names, and each of them
-    that is shorter than it or diverges from it (each also counted in `failures`)."""
+    that is shorter than it or diverges from it (each also counted in `failures`). Verified
+    `since` a checkpoint, `entries` counts those after its heads (the heads re-read are not
+    counted) and a chain that no longer reaches its head is in `anchor_mismatches` too."""
 
     ok: bool
     entries: int
@@ -223,3 +225,8 @@ class TrailVerification(_Frozen):
     anchor_taken_at: datetime | None = None
     anchored_chains: int = 0
     anchor_mismatches: tuple[ChainMismatch, ...] = ()
+    #: verified since a checkpoint: when that was taken (entries before its heads unread)
+    since_taken_at: datetime | None = None
+    #: the signed checkpoint of the heads this run verified (None if it failed): keep it
+    #: outside the database and give it as `since` to the next run
+    checkpoint: dict[str, Any] | None = None

@@ -59,6 +59,8 @@ class ChainCheck:
 
     key: bytes
     entries: int = 0
+    #: checkpointed heads re-read to start their chains (`resume`), not counted in `entries`
+    resumed: int = 0
     failures: list[tuple[int, str, int, str]] = field(default_factory=list)
     _last: dict[str, tuple[int, bytes]] = field(default_factory=dict)
     _failed_chains: set[str] = field(default_factory=set)
@@ -76,6 +78,33 @@ class ChainCheck:
             problem = "does not link to the previous entry of its chain"
         if problem is not None:
             self._fail(e.id, e.chain, e.seq, problem)
+
+    def resume(self, e: StoredEntry, anchored: bytes) -> None:
+        """Start `e.chain` at `e`, the head a verified checkpoint anchors with hash `anchored`
+        (WACP §3 Integrity, verification since a checkpoint): `e` itself must be intact
+        (hash, signature, columns) and be that head; the chain's next entry must link to it.
+        What came before `e` is taken as verified by the run that signed the checkpoint."""
+        self.resumed += 1
+        if e.chain in self._failed_chains:
+            return
+        problem = self._problem(e)
+        self._last[e.chain] = (e.seq, e.hash)
+        if problem is None and not hmac.compare_digest(e.hash, anchored):
+            problem = "is not the head the checkpoint anchors (it was rewritten)"
+        if problem is not None:
+            self._fail(e.id, e.chain, e.seq, f"checkpointed head: {problem}")
+
+    def merge(self, other: ChainCheck) -> None:
+        """Add what `other` found on disjoint chains (a parallel worker's part)."""
+        self.entries += other.entries
+        self.resumed += other.resumed
+        self.failures.extend(other.failures)
+        self._last.update(other._last)
+        self._failed_chains |= other._failed_chains
+
+    def heads(self) -> dict[str, tuple[int, bytes]]:
+        """Each chain's last entry checked: (seq, hash)."""
+        return dict(self._last)
 
     def _problem(self, e: StoredEntry) -> str | None:
         if entry_hash(e.prev_hash, e.record) != e.hash:

@@ -12,6 +12,7 @@ from typing import Any
 
 from agentpost.protocol.anchor import ChainHead, Checkpoint, mismatches
 from agentpost.protocol.errors import InvalidInput
+from agentpost.protocol.models import ChainMismatch
 from agentpost.protocol.trail import ChainCheck
 from agentpost.store.db import Database
 from agentpost.store.queries import QUERIES
@@ -37,16 +38,24 @@ def check_anchor(cur: Any, check: ChainCheck, checkpoint: Checkpoint) -> dict[st
     """Compare the chains `checkpoint` anchors with the trail, in the caller's snapshot (the
     one whose entries `check` verified): every chain that is gone, shorter or diverging is a
     failure of `check` too. Returns the TrailVerification fields that report it."""
-    chains = [h.chain for h in checkpoint.heads]
+    problems = anchor_mismatches(cur, check, checkpoint)
+    return {"anchor_taken_at": checkpoint.taken, "anchored_chains": len(checkpoint.heads),
+            "anchor_mismatches": tuple(problems)}
+
+
+def anchor_mismatches(cur: Any, check: ChainCheck,
+                      checkpoint: Checkpoint) -> list[ChainMismatch]:
+    """Every chain `checkpoint` anchors that is gone, shorter or diverges, in the caller's
+    snapshot (two index probes per chain), each also a failure of `check`."""
     cur.execute(QUERIES["anchored_entries"],
-                {"chains": chains, "seqs": [h.seq for h in checkpoint.heads]})
+                {"chains": [h.chain for h in checkpoint.heads],
+                 "seqs": [h.seq for h in checkpoint.heads]})
     found = {chain: (None if digest is None else bytes(digest), head)
              for chain, digest, head in cur.fetchall()}
     problems = mismatches(checkpoint, found)
     for m in problems:
         check.gap(m.chain, m.problem)
-    return {"anchor_taken_at": checkpoint.taken, "anchored_chains": len(chains),
-            "anchor_mismatches": tuple(problems)}
+    return problems
 
 
 def write_checkpoint(checkpoint: Checkpoint, path: str) -> None:

@@ -9,14 +9,16 @@ database errors into typed errors.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from agentpost.config import Settings
 from agentpost.protocol.anchor import AnchorLike, Checkpoint
 from agentpost.protocol.anchor import load as load_anchor
 from agentpost.protocol.chains import reserved_chain, reserved_message
-from agentpost.protocol.errors import InvalidInput, NotFound
+from agentpost.protocol.errors import InvalidAnchor, InvalidInput, NotFound
 from agentpost.protocol.leases import courier_draft
 from agentpost.protocol.models import (
     Envelope,
@@ -32,9 +34,8 @@ from agentpost.protocol.models import (
     WorkspaceState,
 )
 from agentpost.protocol.registry import EnvelopeType, Permission, Role
-from agentpost.protocol.trail import ChainCheck, StoredEntry
 from agentpost.protocol.validation import DraftRow, draft_fields, normalize_draft, sanitize
-from agentpost.store.anchor import check_anchor, take_checkpoint
+from agentpost.store.anchor import take_checkpoint
 from agentpost.store.checks import count as _count
 from agentpost.store.checks import name as _name
 from agentpost.store.checks import ref as _ref
@@ -45,6 +46,8 @@ from agentpost.store.leases import LeaseOps
 from agentpost.store.migrations import migrate
 from agentpost.store.queries import QUERIES
 from agentpost.store.rules import RuleOps
+from agentpost.store.verify import MAX_WORKERS
+from agentpost.store.verify import run as run_verification
 from agentpost.store.views import ViewOps
 
 
@@ -404,63 +407,66 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
         database, but the chain no longer reaches its anchored head (WACP §3 Integrity)."""
         return take_checkpoint(self.db, self._key)
 
-    def verify_trail(self, anchor: AnchorLike | None = None) -> TrailVerification:
-        """Recompute every chain's hashes and signatures with the configured key. With
-        `anchor` (a `checkpoint()`, or its JSON text or dict), also report every chain it
-        names that is gone, shorter than it, or diverges from it; an anchor that is malformed
-        or not signed with the trail key raises InvalidAnchor."""
-        checkpoint = None if anchor is None else load_anchor(anchor, self._key)
-        check = ChainCheck(self._key)
-        anchored: dict[str, Any] = {}
-        with self.db.cursor() as cur:
-            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            try:
-                self._stream_entries(cur, check)
-                if checkpoint is not None:
-                    anchored = check_anchor(cur, check, checkpoint)
-            finally:
-                cur.execute("COMMIT")
+    def verify_trail(self, anchor: AnchorLike | os.PathLike[str] | None = None, *,
+                     since: AnchorLike | os.PathLike[str] | None = None,
+                     workers: int = 1) -> TrailVerification:
+        """Check the trail with the configured key (WACP §3 Integrity): every entry's hash,
+        signature, columns and link to the one before, gap-free sequence numbers, and every
+        row signed under the trail (envelopes, commands, routes) against its entries.
+
+        `anchor` (a `checkpoint()` as itself, its JSON text or dict, or a path to its file):
+        also report every chain it names that is gone, shorter than it, or diverges.
+
+        `since` (the same forms, best the `checkpoint` of a previous run's result): check only
+        what came after it. Each chain it names starts at its anchored head: that entry is
+        re-read (hash, signature, columns) and must be the anchored one, and the next entry
+        must link to it; a chain that is gone, shorter or diverges fails as with `anchor`;
+        chains created since are checked whole. Rows are compared for the envelopes,
+        commands and routes that the new entries name. What `since` does NOT check: entries
+        strictly before a head (an edit there that leaves the head entry intact is caught
+        only by a full run, or was by the run that verified the checkpoint: hence chain
+        each run on the checkpoint the previous run verified, never on one taken apart),
+        and rows that no new entry names (a row edited in the table later; an envelope whose
+        every new entry was cut off with the end of its chain). `workers` > 1 shares the
+        chains out among that many processes reading one exported snapshot.
+
+        A malformed `anchor` or `since`, or one not signed with the trail key, raises
+        InvalidAnchor before anything is read. A run that passes returns, as `checkpoint`,
+        the signed heads it verified, to keep outside the database as the next `since`."""
+        anchored = None if anchor is None else load_anchor(_checkpoint_text(anchor), self._key)
+        start = None if since is None else load_anchor(_checkpoint_text(since), self._key)
+        if isinstance(workers, bool) or not isinstance(workers, int) \
+                or not 1 <= workers <= MAX_WORKERS:
+            raise InvalidInput(f"workers must be a whole number from 1 to {MAX_WORKERS}")
+        out = run_verification(self.db, self._key, since=start, anchor=anchored,
+                               workers=workers)
+        check = out.check
         first = check.first_failure()
+        verified = out.verified_checkpoint()
+        fields = dict(out.anchored)
+        if out.since_mismatches:
+            fields["anchor_mismatches"] = (*fields.get("anchor_mismatches", ()),
+                                           *out.since_mismatches)
         return TrailVerification(
             ok=first is None, entries=check.entries, chains=check.chains,
             failures=len(check.failures),
             failure_id=None if first is None or first[0] < 0 else first[0],
             failure_chain=None if first is None else first[1],
             failure_seq=None if first is None else first[2],
-            failure=None if first is None else first[3], **anchored)
-
-    def _stream_entries(self, cur: Any, check: ChainCheck) -> None:
-        cur.execute("DECLARE verify_cursor NO SCROLL CURSOR FOR " + QUERIES["verify_entries"])
-        while True:
-            cur.execute("FETCH 5000 FROM verify_cursor")
-            rows = cur.fetchall()
-            if not rows:
-                break
-            for r in rows:
-                check.feed(StoredEntry(id=r[0], chain=r[1], seq=r[2], event=r[3],
-                                       envelope_id=r[4], at_us=r[5], record=r[6],
-                                       prev_hash=bytes(r[7]), hash=bytes(r[8]),
-                                       mac=bytes(r[9])))
-        cur.execute("CLOSE verify_cursor")
-        cur.execute(QUERIES["lifecycle_gaps"])
-        for chain, envelope_id, status, event in cur.fetchall():
-            check.gap(chain, f"envelope {envelope_id} is {status} but the trail has no "
-                              f"{event} entry for it (entries were removed)")
-        cur.execute(QUERIES["envelope_gaps"])
-        for chain, envelope_id, field, in_row, signed, entry in cur.fetchall():
-            check.gap(chain, f"envelope {envelope_id}: {field} is {_shown(in_row)} in its row "
-                             f"but {_shown(signed)} in {entry} (the row was edited or "
-                             f"entries were removed)")
-        cur.execute(QUERIES["record_gaps"])
-        for chain, row_id, state, entry in cur.fetchall():
-            check.gap(chain, f"{row_id} is {state} but its last trail entry is not the "
-                              f"{entry} (the row was edited or entries were removed)")
+            failure=None if first is None else first[3],
+            since_taken_at=None if start is None else start.taken,
+            checkpoint=None if verified is None else verified.to_dict(), **fields)
 
 
-def _shown(value: Any) -> str:
-    """A signed field's value for a failure message: JSON, cut short."""
-    text = json.dumps(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+def _checkpoint_text(value: Any) -> Any:
+    """A checkpoint argument as `load_anchor` takes it: a path is read (one-line error)."""
+    if not isinstance(value, os.PathLike):
+        return value
+    try:
+        return Path(value).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidAnchor(f"cannot read the checkpoint {os.fspath(value)}: "
+                            f"{getattr(exc, 'strerror', None) or exc}") from None
 
 
 __all__ = ["EnvelopeStore", "RejectionReason", "Status"]

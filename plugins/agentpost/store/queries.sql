@@ -62,15 +62,30 @@ SELECT id, chain, chain_seq, event, envelope_id, at, record
  ORDER BY id
  LIMIT %(limit)s
 
--- name: verify_entries
+-- name: verify_chain
+-- One chain's entries from a sequence number on: a range scan of the unique index
+-- (chain, chain_seq), in its order (no sort), however long the chain.
 SELECT id, chain, chain_seq, event, envelope_id,
        (extract(epoch FROM at) * 1000000)::bigint, record, prev_hash, hash, mac
   FROM agentpost.trail
- ORDER BY chain, chain_seq, id
+ WHERE chain = %(chain)s AND chain_seq >= %(start)s
+ ORDER BY chain_seq
+
+-- name: verify_chains
+-- Several short chains' entries, each from its own sequence number on: one range scan of the
+-- unique index (chain, chain_seq) per chain. The order by chain, then sequence number, is
+-- what the check needs; the scans deliver it, so the sort only confirms it chain by chain.
+SELECT t.id, t.chain, t.chain_seq, t.event, t.envelope_id,
+       (extract(epoch FROM t.at) * 1000000)::bigint, t.record, t.prev_hash, t.hash, t.mac
+  FROM unnest(%(chains)s::text[], %(starts)s::bigint[]) WITH ORDINALITY AS p(chain, start, k)
+ CROSS JOIN LATERAL (SELECT x.* FROM agentpost.trail x
+                      WHERE x.chain = p.chain AND x.chain_seq >= p.start) t
+ ORDER BY p.k, t.chain_seq
 
 -- name: lifecycle_gaps
 -- Rows whose state says a trail entry must exist in a given chain when it does not: what
--- cutting the end off a chain would leave behind.
+-- cutting the end off a chain would leave behind. The parameter envelopes NULL: every
+-- envelope; else only these (verification since a checkpoint: those its new entries name).
 SELECT x.chain, e.id, e.status, x.event
   FROM agentpost.envelopes e
  CROSS JOIN LATERAL (VALUES
@@ -82,6 +97,7 @@ SELECT x.chain, e.id, e.status, x.event
         ('envelope_undeliverable', e.sender, e.status = 'undeliverable'),
         ('envelope_consumed', e.recipient, e.consumed_at IS NOT NULL)) AS x(event, chain, required)
  WHERE x.required
+   AND (%(envelopes)s::text[] IS NULL OR e.id = ANY (%(envelopes)s::text[]))
    AND NOT EXISTS (SELECT 1 FROM agentpost.trail t
                     WHERE t.envelope_id = e.id AND t.event = x.event AND t.chain = x.chain)
  ORDER BY e.seq
@@ -92,10 +108,12 @@ SELECT x.chain, e.id, e.status, x.event
 -- field of the row's state against its last lifecycle entry, each fixed field against its
 -- creation entry (sql/0017_envelope_rows.sql). A row edited outside the store's functions, or
 -- entries cut off the end of a chain, shows here, named by envelope and field. Entries written
--- before 0017 carry no state and are not compared.
+-- before 0017 carry no state and are not compared. The parameter envelopes as in
+-- lifecycle_gaps. (OFFSET 0 keeps the row's signed state computed once per row: inlined, it
+-- was rebuilt, payload digest included, for each of the 18 fields compared, 7x the cost.)
 SELECT coalesce(last.chain, born.chain), e.id, d.field, d.in_row, d.signed, d.entry
   FROM agentpost.envelopes e
- CROSS JOIN LATERAL (SELECT agentpost._envelope_row(e, true) AS now) cur
+ CROSS JOIN LATERAL (SELECT agentpost._envelope_row(e, true) AS now OFFSET 0) cur
   LEFT JOIN LATERAL (SELECT t.chain, t.chain_seq, t.record::jsonb -> 'body' -> 'row' AS row
                        FROM agentpost.trail t
                       WHERE t.envelope_id = e.id
@@ -114,24 +132,27 @@ SELECT coalesce(last.chain, born.chain), e.id, d.field, d.in_row, d.signed, d.en
                       LIMIT 1) born ON true
  CROSS JOIN LATERAL (
        SELECT k.key AS field, cur.now -> k.key AS in_row, k.value AS signed,
-              format('its last lifecycle entry (%s #%s)', last.chain, last.chain_seq) AS entry
+              format('its last lifecycle entry (%%s #%%s)', last.chain, last.chain_seq) AS entry
          FROM jsonb_each(last.row - 'fixed') k
         WHERE cur.now -> k.key IS DISTINCT FROM k.value
        UNION ALL
        SELECT k.key, cur.now -> 'fixed' -> k.key, k.value,
-              format('its %s entry (%s #%s)', born.event, born.chain, born.chain_seq)
+              format('its %%s entry (%%s #%%s)', born.event, born.chain, born.chain_seq)
          FROM jsonb_each(born.fixed) k
         WHERE cur.now -> 'fixed' -> k.key IS DISTINCT FROM k.value) d
+ WHERE %(envelopes)s::text[] IS NULL OR e.id = ANY (%(envelopes)s::text[])
  ORDER BY e.seq, d.field
  LIMIT 100
 
 -- name: record_gaps
 -- Commands and routed envelopes whose row is not where their last trail entry left it: a row
 -- edited outside the store's functions, or the end cut off a chain. (The trail's hashes cover
--- the entries; this covers the rows they describe.)
+-- the entries; this covers the rows they describe.) The parameters commands / routes NULL:
+-- every command / route; else only these ids.
 SELECT 'command:' || c.id, c.id, c.state, 'command_state_change to ' || c.state
   FROM agentpost.commands c
- WHERE c.state IS DISTINCT FROM (
+ WHERE (%(commands)s::text[] IS NULL OR c.id = ANY (%(commands)s::text[]))
+   AND c.state IS DISTINCT FROM (
        SELECT split_part(t.record::jsonb -> 'body' -> 'lifecycle' ->> 'transition', '→', 2)
          FROM agentpost.trail t
         WHERE t.chain = 'command:' || c.id AND t.event = 'command_state_change'
@@ -141,7 +162,8 @@ UNION ALL
 SELECT 'route:' || r.id, r.envelope_id, coalesce(r.end_actor, r.phase, 'routed'),
        'route_progress at index ' || r.current
   FROM agentpost.routes r
- WHERE NOT EXISTS (
+ WHERE (%(routes)s::text[] IS NULL OR r.id = ANY (%(routes)s::text[]))
+   AND NOT EXISTS (
        SELECT 1
          FROM (SELECT t.record::jsonb -> 'body' AS body
                  FROM agentpost.trail t
@@ -291,6 +313,17 @@ SELECT count(*)
 -- checkpoint anchors.
 SELECT now(), set_config('synchronous_commit', 'on', true),
        pg_logical_emit_message(true, 'agentpost.trail-checkpoint', '')
+
+-- name: verify_start
+-- The first statement of a verification's REPEATABLE READ transaction: its snapshot's time,
+-- and (on the primary) the same flush as checkpoint_start, since the heads a verification
+-- checks become the checkpoint it hands out for the next run to verify since. On a standby
+-- what it sees was flushed on the primary before it was sent.
+SELECT now(),
+       CASE WHEN NOT pg_is_in_recovery()
+            THEN set_config('synchronous_commit', 'on', true) END,
+       CASE WHEN NOT pg_is_in_recovery()
+            THEN pg_logical_emit_message(true, 'agentpost.trail-verification', '') END
 
 -- name: chain_heads
 -- Every chain's head (its last entry): a skip scan of the unique index (chain, chain_seq),
