@@ -315,12 +315,6 @@ def discover_dags(client: AirflowClient, dags_folder: Path, timeout: float = 240
     return {d["dag_id"]: {t["name"] for t in d.get("tags", [])} for d in dags}
 
 
-def discover_examples(client: AirflowClient, dags_folder: Path) -> list[str]:
-    """The example DAG ids (tagged ``example``, id ``agentpost_*``)."""
-    return sorted(d for d, tags in discover_dags(client, dags_folder).items()
-                  if is_example(d, tags))
-
-
 def _might_hold_dags(path: Path) -> bool:
     """Airflow's own safe-mode heuristic: a DAG file mentions both words."""
     text = path.read_text(errors="replace").lower()
