@@ -1,7 +1,10 @@
 """A booking saga: book a flight, book a hotel, charge the card. The card is declined (the
 `decline_card` param, on by default), so step 3 fails and the hotel and the flight are
 cancelled, last first: the undo_* tasks show it. Each step is an SMCL command, at most once
-per DAG run however often a task is retried."""
+per DAG run however often a task is retried.
+
+Tagged ``expect-failure``: a run fails by design (with the default params), and the demo
+counts it as expected only when it compensated (agentpost.demo_scenarios)."""
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ HANDLERS = {"book": book, "cancel": cancel, "pay": pay}
 
 
 @dag(schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
-     params={"decline_card": True})
+     params={"decline_card": True}, tags=["agentpost", "example", "expect-failure"])
 def agentpost_booking_saga():
     setup = TopologyOperator(
         task_id="setup", roles={"travel-agent": None},

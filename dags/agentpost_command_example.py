@@ -6,12 +6,8 @@ auto-confirm policy: the task waits (deferred, in the triggerer) until a person 
 ``agentpost command confirm <id> --user <name>`` (or ``decline``); the id is in the task log.
 
 Needs an ``agentpost`` connection (``agentpost_default``) or AGENTPOST_DSN, a workspace
-``travel-desk`` and an envelope type ``room.book`` / ``card.charge`` it may perform, e.g.::
-
-    store.define_role("agent")
-    store.register_type("room.book", ["agent"], ["agent"])
-    store.register_type("card.charge", ["agent"], ["agent"])
-    store.create_workspace("agent", workspace_id="travel-desk")
+``travel-desk`` and envelope types ``room.book`` / ``card.charge`` its role may perform:
+``agentpost fleet apply dags/fleet.yaml`` declares them (what `make demo` does).
 """
 
 from __future__ import annotations

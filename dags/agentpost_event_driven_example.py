@@ -1,8 +1,15 @@
-"""An event-driven agent: the DAG runs when an envelope arrives in the inbox of workspace
-``triage`` (no schedule, no sensor holding a slot), reads the envelope and consumes it.
+"""An event-driven agent: the Airflow DAG runs when an envelope arrives in the inbox of
+workspace ``triage`` (no schedule, no sensor holding a slot), reads the envelope and
+consumes it.
 
 Set the workspace with AGENTPOST_EXAMPLE_WORKSPACE; the store is the ``agentpost_default``
-connection (else AGENTPOST_DSN). The watcher runs in the triggerer.
+connection (else AGENTPOST_DSN). The watcher runs in the triggerer. dags/fleet.yaml declares
+the workspace (role ``triager``, a child of ``dispatch``, which may send it a
+``triage.request``: what `make demo` sends). A manual run handles the arrivals of its conf,
+``{"arrivals": [{"envelope_id": ...}]}``.
+
+(This docstring names Airflow on purpose: the DAG processor's safe mode skips a file that
+does not mention both "airflow" and "dag".)
 """
 
 from __future__ import annotations

@@ -19,12 +19,13 @@ from typing import Any
 
 import pytest
 
+from agentpost.fleet import apply, load_fleet
 from agentpost.store import EnvelopeStore
 from test_airflow_inbox import airflow_env
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ("agentpost_booking_saga", "agentpost_route_example",
-            "agentpost_coordinator_example")
+            "agentpost_coordinator_example", "agentpost_event_driven_example")
 
 RUNNER = '''
 """Written by tests/test_airflow_examples.py: run DAGs with dag.test(), one after another."""
@@ -125,8 +126,11 @@ def test_examples_parse_without_a_store(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_examples_run(store: EnvelopeStore, dsn: str, tmp_path: Path) -> None:
-    """Every example and the nack test DAG in one Airflow process; each check below says
-    what it asserts."""
+    """Every example and the nack test DAG in one Airflow process, on the store set up by
+    the fleet file (as the demo does); each check below says what it asserts."""
+    apply(store, load_fleet(ROOT / "dags" / "fleet.yaml"))
+    triage = store.send("dispatch", "triage", "triage.request", {"incident": "blocked"},
+                        format="json").envelope_id
     results, _ = run_dags(tmp_path, dsn, [
         {"name": "declined", "dag_id": "agentpost_booking_saga"},
         {"name": "accepted", "dag_id": "agentpost_booking_saga",
@@ -134,11 +138,28 @@ def test_the_examples_run(store: EnvelopeStore, dsn: str, tmp_path: Path) -> Non
         {"name": "route", "dag_id": "agentpost_route_example"},
         {"name": "coordinator", "dag_id": "agentpost_coordinator_example"},
         {"name": "nack", "dag_id": "agentpost_nack_test"},
+        {"name": "arrival", "dag_id": "agentpost_event_driven_example",
+         "conf": {"arrivals": [{"envelope_id": triage}]}},
+        {"name": "bad arrival", "dag_id": "agentpost_event_driven_example",
+         "conf": {"arrivals": [{"id": triage}]}},
     ], extra={"agentpost_nack_test.py": NACK_DAG})
     check_booking_saga(store, results)
     check_route(store, results["route"])
     check_coordinator(store, results["coordinator"])
     check_nacks(store, results["nack"])
+    check_event_driven(store, results, triage)
+
+
+def check_event_driven(store: EnvelopeStore, results: dict[str, Any], envelope_id: str) -> None:
+    """A manual run of the event-driven example handles the arrivals of its conf (the
+    headless demo's way in, with no triggerer): the envelope is consumed. Arrivals without
+    an envelope id fail the run instead of passing as "nothing arrived"."""
+    assert results["arrival"] == {**results["arrival"], "run": "success",
+                                  "tasks": {"handle_arrivals": "success"}}
+    assert store.get(envelope_id).consumed_at is not None
+    assert store.inbox("triage") == []
+    assert (results["bad arrival"]["run"], results["bad arrival"]["tasks"]) == (
+        "failed", {"handle_arrivals": "failed"})
 
 
 def check_booking_saga(store: EnvelopeStore, results: dict[str, Any]) -> None:

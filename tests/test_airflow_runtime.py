@@ -1,10 +1,14 @@
-"""Airflow for real: `airflow standalone` through `AirflowRuntime`, end to end.
+"""Airflow for real: `airflow standalone` through `AirflowRuntime`, end to end, and the
+headless demo (`make demo-headless`) over the whole dags/ folder.
 
 One standalone start: the runtime brings Airflow up on its own metadata database beside the
-test's store, the health endpoint reports every component, the example DAG is unpaused,
+test's store, the health endpoint reports every component, the command example is unpaused,
 triggered and awaited over the REST API (its confirmation answered by the demo's person
-through the human highway), the trail holds the commands it ran, and `stop()` leaves no
-process, no listening port and no metadata database behind.
+through the human highway), the event-driven example runs when the demo's envelope arrives
+in its inbox (the asset watcher in the real triggerer), the trail holds what they did, and
+`stop()` leaves no process, no listening port and no metadata database behind. Standalone
+runs this representative pair only: every scenario under standalone takes minutes on two
+shared cores; the headless test below runs them all.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agentpost.airflow_demo import DemoPerson, apply_demo_fleet, run_headless_demo
+from agentpost.airflow_demo import DemoPerson, RestRunner, apply_demo_fleet, run_headless_demo
 from agentpost.airflow_runtime import (
     COMPONENTS,
     AirflowClient,
@@ -24,12 +28,15 @@ from agentpost.airflow_runtime import (
     Credentials,
     port_open,
 )
+from agentpost.demo_scenarios import EVENT_DRIVEN, Outcome
 from agentpost.store import CommandLedger, EnvelopeStore
 from agentpost.store.server import libpq_dsn
 from dbtools import query
 
 ROOT = Path(__file__).resolve().parent.parent
+DAGS = ROOT / "dags"
 EXAMPLE = "agentpost_command_example"
+EVENT_EXAMPLE = "agentpost_event_driven_example"
 
 
 def listening_addresses(port: int) -> set[str]:
@@ -54,9 +61,9 @@ def test_standalone_runs_an_example_dag_and_stops_without_a_trace(dsn: str,
                                                                   tmp_path: Path) -> None:
     dags = tmp_path / "dags"
     dags.mkdir()
-    shutil.copy(ROOT / "dags" / f"{EXAMPLE}.py", dags)
-    with EnvelopeStore(dsn) as store:
-        apply_demo_fleet(store)
+    for name in (EXAMPLE, EVENT_EXAMPLE):
+        shutil.copy(DAGS / f"{name}.py", dags)
+    apply_demo_fleet(dsn, DAGS)
     runtime = AirflowRuntime(dsn, dags_folder=dags, home=tmp_path / "home", drop_metadata=True)
     try:
         runtime.start()
@@ -86,7 +93,8 @@ def _run_the_example(runtime: AirflowRuntime, dsn: str) -> list[psutil.Process]:
 
     with runtime.client() as client, EnvelopeStore(dsn) as store:
         client.wait_for_dag(EXAMPLE)
-        assert client.dag_ids(prefix="agentpost_", tag="example") == [EXAMPLE]
+        client.wait_for_dag(EVENT_EXAMPLE)
+        assert client.dag_ids(prefix="agentpost_", tag="example") == [EXAMPLE, EVENT_EXAMPLE]
         client.unpause(EXAMPLE)
         run_id = client.trigger(EXAMPLE)
         person = DemoPerson(store)
@@ -101,8 +109,29 @@ def _run_the_example(runtime: AirflowRuntime, dsn: str) -> list[psutil.Process]:
         assert {a: v.state.value for a, v in views.items()} == {"room.book": "executed",
                                                                 "card.charge": "executed"}
         assert views["card.charge"].confirmed_by == "human:dana"
+        _event_driven(client, store)
         assert store.verify_trail().ok
     return runtime.processes()
+
+
+def _event_driven(client: AirflowClient, store: EnvelopeStore) -> None:
+    """The demo's way: the triggerer runs the inbox watcher once the DAG is unpaused; the
+    envelope sent then starts one asset-triggered run, which consumes it."""
+    arrival = EVENT_DRIVEN[EVENT_EXAMPLE]
+    person = DemoPerson(store)
+    runner = RestRunner(client, store, person, timeout=300)
+    sent = []
+    try:
+        runner.watch([EVENT_EXAMPLE], [arrival.watcher])
+        outcomes = runner.on_arrival(EVENT_EXAMPLE, arrival, lambda: sent.append(store.send(
+            arrival.sender, arrival.inbox, arrival.type, arrival.content, format="json")))
+    finally:
+        person.close()
+    assert [(o.state, o.tasks) for o in outcomes] == [
+        ("success", {"handle_arrivals": "success"})], outcomes
+    (run,) = [r for r in client.runs(EVENT_EXAMPLE)]
+    assert run["run_type"] == "asset_triggered", run
+    assert store.get(sent[0].envelope_id).consumed_at is not None
 
 
 FAILING_EXAMPLE = '''
@@ -126,22 +155,74 @@ failing()
 '''
 
 
+def test_an_expected_failure_counts_only_when_it_compensated() -> None:
+    """A run of a DAG tagged expect-failure is as designed only when it failed after
+    compensating (undo tasks succeeded, listed in the order they ran); its success, or a
+    failure without compensation or with a failed undo, is unexpected."""
+    saga = {"flight": "success", "hotel": "success", "payment": "failed",
+            "undo_payment": "skipped", "undo_hotel": "success", "undo_flight": "success",
+            "booking_outcome": "failed"}
+    ended = {"undo_hotel": "2026-01-01T10:00:01", "undo_flight": "2026-01-01T10:00:02"}
+    designed = Outcome("agentpost_booking_saga", "failed", saga, ended, expect_failure=True)
+    assert designed.ok and designed.compensated == ["hotel", "flight"]
+    assert "agentpost_booking_saga: failed as designed: compensated hotel, flight (" in \
+        designed.line()
+    for state, tasks in [("success", {**saga, "undo_hotel": "skipped"}),
+                         ("failed", {**saga, "undo_hotel": "skipped", "undo_flight": "skipped"}),
+                         ("failed", {**saga, "undo_flight": "failed"})]:
+        outcome = Outcome("agentpost_booking_saga", state, tasks, ended, expect_failure=True)
+        assert not outcome.ok and "NOT AS DESIGNED" in outcome.line(), tasks
+    assert not Outcome("agentpost_route_example", "failed", {"split": "failed"}).ok
+
+
 @pytest.mark.slow
-def test_headless_demo_runs_the_examples_with_dag_test(dsn: str, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]
-                                                       ) -> None:
-    """`make demo-headless`: the example DAG's dag.test(), its confirmation answered by the
-    demo's person, succeeds; a failing example makes the exit code 1."""
+def test_headless_demo_runs_every_scenario_with_dag_test(dsn: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    """`make demo-headless` on a copy of dags/: the fleet file applied, every example run
+    (the booking saga failing as designed, the command confirmed by the demo's person), the
+    event-driven example started by the arrival its own trigger reported, the fleet's source
+    agents and boundary until each driver parked on its own spot, the dispatcher reading its
+    inbox, maintenance last; exit 0 and a verified trail."""
+    dags = tmp_path / "dags"
+    shutil.copytree(DAGS, dags, ignore=shutil.ignore_patterns("__pycache__"))
+    assert run_headless_demo(dsn, dags_folder=dags) == 0, capsys.readouterr().out[-6000:]
+    out = capsys.readouterr().out
+    assert "nothing to change" not in out and "create workspace triage" in out  # fleet apply
+    for line in (
+            f"{EXAMPLE}: success (book_room=success, charge_card=success, receipt=success)",
+            "agentpost_booking_saga: failed as designed: compensated hotel, flight (",
+            "agentpost_coordinator_example: success (", "agentpost_route_example: success (",
+            f"{EVENT_EXAMPLE}: success (handle_arrivals=success)",
+            f"ok   {EVENT_EXAMPLE} handled its arrival: envelope ",
+            "boundary_city: success (resolve=success)",
+            "agent_city_weather-poller: success (activate=success)",
+            "agent_city_dispatcher: success (activate=success)",
+            "agentpost_maintenance: success (checkpoint=success, maintain=success, "
+            "verify=success)",
+            "ok   every contender holds its own resource after the boundaries: driver-a on "
+            "spot-3, driver-b on spot-1, driver-c on spot-2",
+            "dana confirms command", ", verified", "every one as expected"):
+        assert line in out, (line, out[-6000:])
+    with EnvelopeStore(dsn) as store:
+        assert store.inbox("dispatch") == [] and store.inbox("triage") == []
+        compensated = [e.body["step"] for e in store.trail(event="saga_step_compensated")]
+        assert compensated == ["hotel", "flight"]
+
+
+@pytest.mark.slow
+def test_headless_demo_fails_on_an_unexpected_failure(dsn: str, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    """An example that fails without being designed to makes the exit code 1 and is named
+    (a fleet without agents: only the examples and maintenance run)."""
     dags = tmp_path / "dags"
     dags.mkdir()
-    shutil.copy(ROOT / "dags" / f"{EXAMPLE}.py", dags)
-    assert run_headless_demo(dsn, dags_folder=dags) == 0
-    out = capsys.readouterr().out
-    assert (f"{EXAMPLE}: success (book_room=success, charge_card=success, receipt=success)"
-            in out), out
-    assert "dana confirms command" in out and ", verified" in out
-
+    (dags / "fleet.yaml").write_text("name: tiny\nworkspaces: [{id: tiny-1, role: worker}]\n")
+    shutil.copy(DAGS / "agentpost_maintenance.py", dags)
     (dags / "agentpost_failing_example.py").write_text(FAILING_EXAMPLE)
     assert run_headless_demo(dsn, dags_folder=dags) == 1
     out = capsys.readouterr().out
     assert "agentpost_failing_example: failed (boom=failed)" in out, out
+    assert "agentpost_maintenance: success" in out
+    assert "UNEXPECTED: agentpost_failing_example" in out

@@ -1,20 +1,25 @@
-"""The example DAGs on a real Airflow (`make demo`) or under `dag.test()` (`make demo-headless`).
+"""Every example of dags/ on a real Airflow (`make demo`) or under `dag.test()` (`make
+demo-headless`).
 
-Both run the same scenarios: every DAG of the DAGs folder whose id starts with ``agentpost_``
-and that is tagged ``example``, against a fresh store database ``agentpost_demo`` set up with
-the demo fleet. A person of the demo (``dana``) answers every command that waits for a
+Both set up a fresh store database ``agentpost_demo`` by applying dags/fleet.yaml (what
+`agentpost fleet apply` does) and play the scenarios of `agentpost.demo_scenarios` in the
+same order; a person of the demo (``dana``) answers every command that waits for a
 confirmation through the human highway, as someone at `agentpost command confirm` would.
+The summary lists each run with its outcome, the checks made in the store and the trail.
+The exit code is 0 only when every run ended as expected (a run of a DAG tagged
+``expect-failure`` fails and compensates) and the trail verifies.
 
-- `run_airflow_demo`: `airflow standalone` through `AirflowRuntime`; unpause, trigger and
-  wait over the REST API; print the UI address, the login and the trail; keep running until
-  Ctrl-C, which stops every process started.
-- `run_headless_demo`: no servers; each DAG's `dag.test()` in a child process with its own
-  AIRFLOW_HOME and SQLite metadata; exit non-zero if any run fails.
+- `run_airflow_demo`: `airflow standalone` through `AirflowRuntime`, driven over REST
+  (`RestRunner`); keeps running until Ctrl-C, which stops every process started.
+- `run_headless_demo`: no servers; `dag.test()` in one child process with its own
+  AIRFLOW_HOME and SQLite metadata (`ChildRunner`, `agentpost.airflow_demo_child`).
 """
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -22,48 +27,55 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+from agentpost.airflow_demo_child import DSN_VAR
 from agentpost.airflow_runtime import (
+    TERMINAL_RUN_STATES,
     AirflowClient,
     AirflowRuntime,
     connection_json,
     private_environment,
+    wait_until,
+)
+from agentpost.demo_scenarios import (
+    EXAMPLE_PREFIX,
+    EXAMPLE_TAG,
+    FLEET_FILE,
+    Arrival,
+    Check,
+    Demo,
+    Outcome,
+    is_example,
+    load_demo_fleet,
 )
 from agentpost.store import CommandLedger, EnvelopeStore
 from agentpost.store.bootstrap import create_database, find_server
 from agentpost.store.migrations import migrate
 from agentpost.store.server import find_repo_root
 
+__all__ = ["DemoPerson", "Outcome", "apply_demo_fleet", "is_example", "prepare_store",
+           "run_airflow_demo", "run_headless_demo", "trail_summary"]
+
 DEMO_DATABASE = "agentpost_demo"
 PERSON = "dana"
-EXAMPLE_PREFIX = "agentpost_"
-EXAMPLE_TAG = "example"
-RESULT_MARK = "AGENTPOST-RESULT "
+#: the child's line protocol (agentpost.airflow_demo_child)
+MARK = "AGENTPOST-"
 RUN_TIMEOUT = 600.0
+#: a reactive agent's inbox is read once it stayed empty, with no run going, this long
+QUIET = 10.0
 
 
-def apply_demo_fleet(store: EnvelopeStore) -> None:
-    """The roles, envelope types and workspaces the example DAGs need.
+def apply_demo_fleet(dsn: str, dags_folder: Path) -> None:
+    """Apply the DAGs folder's fleet file through `agentpost fleet apply FILE` itself (it
+    prints what it changed); idempotent. The file declares every example's topology."""
+    from agentpost.cli import main
 
-    Applying it again changes nothing. Merge note: once `agentpost fleet apply FILE` exists,
-    this becomes applying the demo's fleet file; add what new example DAGs need there.
-    """
-    store.define_role("agent")  # roles and types are upserts; workspaces are not
-    for action in ("room.book", "card.charge"):
-        store.register_type(action, ["agent"], ["agent"])
-    existing = {ws.id for ws in store.workspaces()}
-    if "travel-desk" not in existing:
-        store.create_workspace("agent", workspace_id="travel-desk", originator=PERSON)
-
-
-def is_example(dag_id: str, tags: list[str] | tuple[str, ...] | set[str]) -> bool:
-    """Whether the demo runs this DAG."""
-    return dag_id.startswith(EXAMPLE_PREFIX) and EXAMPLE_TAG in tags
+    if main(["--dsn", dsn, "fleet", "apply", str(dags_folder / FLEET_FILE)]) != 0:
+        raise SystemExit(f"agentpost demo: applying {dags_folder / FLEET_FILE} failed")
 
 
 class DemoPerson:
@@ -77,9 +89,14 @@ class DemoPerson:
         self.name = name
         self.say = say
         self._after = 0
+        self._lock = threading.Lock()
 
     def answer(self) -> list[str]:
         """Confirm what is waiting now; the ids confirmed."""
+        with self._lock:
+            return self._answer()
+
+    def _answer(self) -> list[str]:
         confirmed = []
         for event in self.store.trail(event="command_state_change", after=self._after):
             self._after = event.id
@@ -97,14 +114,14 @@ class DemoPerson:
         self.ledger.close()
 
 
-def prepare_store(dsn: str | None) -> str:
+def prepare_store(dsn: str | None, dags_folder: Path) -> str:
     """The demo's store: `dsn` migrated, or a fresh ``agentpost_demo`` found by discovery;
-    with the demo fleet applied."""
+    with the fleet file of `dags_folder` applied."""
     if dsn is None:
         dsn = create_database(find_server().dsn, DEMO_DATABASE, fresh=True)
     migrate(dsn)
-    with EnvelopeStore(dsn) as store:
-        apply_demo_fleet(store)
+    print(f"\n== Fleet: agentpost fleet apply {dags_folder / FLEET_FILE}", flush=True)
+    apply_demo_fleet(dsn, dags_folder)
     return dsn
 
 
@@ -119,53 +136,55 @@ def trail_summary(store: EnvelopeStore) -> list[str]:
     return lines
 
 
-@dataclass
-class Outcome:
-    """How one example DAG's run ended."""
-
-    dag_id: str
-    state: str
-    tasks: dict[str, str]
-
-    @property
-    def ok(self) -> bool:
-        return self.state == "success"
-
-    def line(self) -> str:
-        tasks = ", ".join(f"{t}={s}" for t, s in sorted(self.tasks.items()))
-        return f"  {self.dag_id}: {self.state} ({tasks})"
-
-
-def _finish(dsn: str, outcomes: list[Outcome]) -> int:
-    """Print the outcomes and the trail; the exit code."""
+def _finish(dsn: str, outcomes: list[Outcome], checks: Sequence[Check] = ()) -> int:
+    """Print the runs, the checks and the trail; the exit code."""
     print("\n== Runs")
     for outcome in outcomes:
         print(outcome.line())
     if not outcomes:
         print(f"  no DAG with an id starting {EXAMPLE_PREFIX!r} tagged {EXAMPLE_TAG!r}")
+    if checks:
+        print("\n== Checks")
+        print("\n".join(c.line() for c in checks))
     print("\n== Trail")
     with EnvelopeStore(dsn) as store:
         lines = trail_summary(store)
         verified = store.verify_trail().ok
     print("\n".join(lines))
-    return 0 if outcomes and all(o.ok for o in outcomes) and verified else 1
+    unexpected = [o.dag_id for o in outcomes if not o.ok] + [c.what for c in checks if not c.ok]
+    ok = bool(outcomes) and not unexpected and verified
+    print(f"\nagentpost demo: {len(outcomes)} run(s), " + (
+        "every one as expected" if ok else
+        f"UNEXPECTED: {', '.join(unexpected) or 'the trail does not verify'}"), flush=True)
+    return 0 if ok else 1
+
+
+def _play(runner: Any, dsn: str, dags: dict[str, set[str]], folder: Path) -> int:
+    """The scenarios on `runner`, then the summary; the exit code."""
+    with EnvelopeStore(dsn) as store:
+        demo = Demo(runner, store, load_demo_fleet(folder), dags,
+                    say=lambda line: print(line, flush=True))
+        demo.play()
+    return _finish(dsn, demo.outcomes, demo.checks)
 
 
 # ----------------------------------------------------------------------------- real Airflow
 
 
-def run_airflow_demo(dsn: str | None = None, *, keep_running: bool = True) -> int:
-    """`make demo`: the examples on `airflow standalone`, then wait for Ctrl-C."""
+def run_airflow_demo(dsn: str | None = None, *, keep_running: bool = True,
+                     dags_folder: Path | None = None, home: Path | None = None) -> int:
+    """`make demo`: the scenarios on `airflow standalone`, then wait for Ctrl-C."""
     _interrupt_on_signals()
-    dsn = prepare_store(dsn)
     root = find_repo_root()
-    home = root / ".airflow-demo"
+    folder = Path(dags_folder or root / "dags").resolve()
+    dsn = prepare_store(dsn, folder)
+    home = home or root / ".airflow-demo"
     shutil.rmtree(home, ignore_errors=True)
-    runtime = AirflowRuntime(dsn, dags_folder=root / "dags", home=home)
+    runtime = AirflowRuntime(dsn, dags_folder=folder, home=home)
     print(f"agentpost demo: starting Airflow (standalone; log: {runtime.log_path})", flush=True)
     try:
         runtime.start()
-        code = _run_examples(runtime, dsn)
+        code = _run_on(runtime, dsn)
         _print_access(runtime)
         if keep_running:
             print("\nAirflow keeps running; Ctrl-C stops it and everything it started.",
@@ -180,7 +199,8 @@ def run_airflow_demo(dsn: str | None = None, *, keep_running: bool = True) -> in
     finally:
         print("agentpost demo: stopping Airflow ...", flush=True)
         runtime.stop()
-        print(f"agentpost demo: stopped, {len(runtime.processes())} process(es) left")
+        print(f"agentpost demo: stopped, {len(runtime.processes())} process(es) left",
+              flush=True)
 
 
 def _interrupt_on_signals() -> None:
@@ -195,33 +215,90 @@ def _interrupt_on_signals() -> None:
         signal.signal(sig, interrupt)
 
 
-def _run_examples(runtime: AirflowRuntime, dsn: str) -> int:
+def _run_on(runtime: AirflowRuntime, dsn: str) -> int:
     with runtime.client() as client, EnvelopeStore(dsn) as store:
         person = DemoPerson(store)
         try:
-            dag_ids = discover_examples(client, runtime.dags_folder)
-            print(f"\n== Example DAGs: {', '.join(dag_ids) or 'none'}")
-            runs = {}
-            for dag_id in dag_ids:
-                client.unpause(dag_id)
-                runs[dag_id] = client.trigger(dag_id)
-                print(f"  triggered {dag_id} ({runs[dag_id]})", flush=True)
-            outcomes = [_await(client, dag_id, run_id, person) for dag_id, run_id in runs.items()]
+            dags = discover_dags(client, runtime.dags_folder)
+            print(f"\n== DAGs: {', '.join(sorted(dags)) or 'none'}", flush=True)
+            return _play(RestRunner(client, store, person), dsn, dags, runtime.dags_folder)
         finally:
             person.close()
-    return _finish(dsn, outcomes)
 
 
-def _await(client: AirflowClient, dag_id: str, run_id: str, person: DemoPerson) -> Outcome:
-    state = client.wait_for_run(dag_id, run_id, RUN_TIMEOUT, tick=person.answer)
-    tasks = {ti["task_id"]: str(ti["state"]) for ti in client.task_instances(dag_id, run_id)}
-    return Outcome(dag_id, state, tasks)
+class RestRunner:
+    """`Runner` on a running Airflow, over its REST API; the person answers while it waits."""
+
+    def __init__(self, client: AirflowClient, store: EnvelopeStore, person: DemoPerson,
+                 timeout: float = RUN_TIMEOUT) -> None:
+        self.client, self.store, self.person, self.timeout = client, store, person, timeout
+
+    def watch(self, dag_ids: Sequence[str], watchers: Sequence[str]) -> None:
+        for dag_id in dag_ids:
+            self.client.unpause(dag_id)
+        for watcher in watchers:
+            wait_until(lambda w=watcher: self._watching(w), 180,
+                       f"the triggerer to run watcher {watcher}", interval=0.5)
+        print(f"  watching: {', '.join(watchers)}", flush=True)
+
+    def _watching(self, watcher: str) -> bool:
+        return bool(self.store.db.fetchall(
+            "SELECT 1 FROM agentpost.event_watchers WHERE watcher = %s", (watcher,)))
+
+    def run(self, dag_ids: Sequence[str]) -> list[Outcome]:
+        runs = []
+        for dag_id in dag_ids:
+            self.client.unpause(dag_id)
+            runs.append((dag_id, self.client.trigger(dag_id)))
+        return [self._await(dag_id, run_id) for dag_id, run_id in runs]
+
+    def on_arrival(self, dag_id: str, arrival: Arrival, send: Callable[[], None]
+                   ) -> list[Outcome]:
+        before = self._run_ids(dag_id)
+        send()
+        new = wait_until(lambda: sorted(self._run_ids(dag_id) - before), 180,
+                         f"a run of {dag_id} started by the arrival", interval=0.5)
+        return [self._await(dag_id, run_id) for run_id in new]
+
+    def drain(self, dag_id: str, inbox: str) -> list[Outcome]:
+        """Runs start on the arrivals by themselves: wait until the inbox is empty and no
+        run went on for `QUIET` seconds; every run of the DAG."""
+        quiet_since = [time.monotonic()]
+
+        def settled() -> bool:
+            self.person.answer()
+            busy = self.store.inbox(inbox) or any(
+                r["state"] not in TERMINAL_RUN_STATES for r in self.client.runs(dag_id))
+            if busy:
+                quiet_since[0] = time.monotonic()
+            return time.monotonic() - quiet_since[0] >= QUIET
+
+        wait_until(settled, self.timeout, f"{dag_id} to read inbox {inbox}", interval=1.0)
+        return [self._outcome(dag_id, r["dag_run_id"], r["state"])
+                for r in self.client.runs(dag_id)]
+
+    def _run_ids(self, dag_id: str) -> set[str]:
+        return {r["dag_run_id"] for r in self.client.runs(dag_id)}
+
+    def _await(self, dag_id: str, run_id: str) -> Outcome:
+        state = self.client.wait_for_run(dag_id, run_id, self.timeout, tick=self.person.answer)
+        return self._outcome(dag_id, run_id, state)
+
+    def _outcome(self, dag_id: str, run_id: str, state: str) -> Outcome:
+        found = self.client.task_instances(dag_id, run_id)
+        return Outcome(dag_id, state, {_task_key(ti["task_id"], ti.get("map_index", -1)):
+                                       str(ti["state"]) for ti in found},
+                       {ti["task_id"]: str(ti.get("end_date") or "") for ti in found})
 
 
-def discover_examples(client: AirflowClient, dags_folder: Path, timeout: float = 180.0
-                      ) -> list[str]:
-    """The example DAG ids, once the dag-processor has parsed every DAG file of the folder
-    (a file that failed to import is reported, not waited for)."""
+def _task_key(task_id: str, map_index: int | None) -> str:
+    return task_id if map_index is None or map_index < 0 else f"{task_id}[{map_index}]"
+
+
+def discover_dags(client: AirflowClient, dags_folder: Path, timeout: float = 240.0
+                  ) -> dict[str, set[str]]:
+    """Every parsed DAG's id and tags, once the dag-processor has parsed every DAG file of
+    the folder (a file that failed to import is reported, not waited for)."""
     files = {p.name for p in dags_folder.glob("*.py") if _might_hold_dags(p)}
     deadline = time.monotonic() + timeout
     while True:
@@ -235,8 +312,7 @@ def discover_examples(client: AirflowClient, dags_folder: Path, timeout: float =
     for error in errors:
         print(f"  import error in {error['filename']}: "
               f"{error['stack_trace'].strip().splitlines()[-1]}")
-    return sorted(d["dag_id"] for d in dags
-                  if is_example(d["dag_id"], {t["name"] for t in d.get("tags", [])}))
+    return {d["dag_id"]: {t["name"] for t in d.get("tags", [])} for d in dags}
 
 
 def _might_hold_dags(path: Path) -> bool:
@@ -267,23 +343,29 @@ def _wait_for_ctrl_c(runtime: AirflowRuntime) -> None:
 
 
 def run_headless_demo(dsn: str | None = None, dags_folder: Path | None = None) -> int:
-    """`make demo-headless`: each example's `dag.test()`, no servers; 1 if any fails."""
-    dsn = prepare_store(dsn)
+    """`make demo-headless`: the scenarios under `dag.test()`, no servers; 1 unless every
+    run ended as expected."""
     folder = Path(dags_folder or find_repo_root() / "dags").resolve()
-    print(f"agentpost demo --headless: dag.test() of the examples in {folder}", flush=True)
+    dsn = prepare_store(dsn, folder)
+    print(f"agentpost demo --headless: dag.test() of the DAGs in {folder}", flush=True)
     with tempfile.TemporaryDirectory(prefix="agentpost-headless-") as home, \
             EnvelopeStore(dsn) as store:
         person = DemoPerson(store)
         stop = threading.Event()
         answering = threading.Thread(target=_keep_answering, args=(person, stop), daemon=True)
         answering.start()
+        runner = ChildRunner(folder, Path(home), dsn)
         try:
-            outcomes = _headless_runs(folder, Path(home), dsn)
+            dags = runner.start()
+            if dags is None:  # the child died before listing the DAGs
+                return _finish(dsn, runner.lost())
+            print(f"\n== DAGs: {', '.join(sorted(dags)) or 'none'}", flush=True)
+            return _play(runner, dsn, dags, folder)
         finally:
+            runner.close()
             stop.set()
             answering.join()
             person.close()
-    return _finish(dsn, outcomes)
 
 
 def _keep_answering(person: DemoPerson, stop: threading.Event) -> None:
@@ -291,51 +373,131 @@ def _keep_answering(person: DemoPerson, stop: threading.Event) -> None:
         person.answer()
 
 
-def _headless_runs(folder: Path, home: Path, dsn: str) -> list[Outcome]:
-    """Run the child that runs the tests; its results."""
-    env = private_environment()
-    env.update({
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(folder),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW_CONN_AGENTPOST_DEFAULT": connection_json(dsn),
-    })
-    proc = subprocess.Popen([sys.executable, "-m", "agentpost.airflow_demo", str(folder)],
-                            env=env, cwd=home, stdout=subprocess.PIPE, text=True)
-    outcomes = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith(RESULT_MARK):
-            data = json.loads(line.removeprefix(RESULT_MARK))
-            outcomes.append(Outcome(data["dag_id"], data["state"], data["tasks"]))
-    if proc.wait() != 0:
-        outcomes.append(Outcome("(dag.test runner)", f"exit {proc.returncode}", {}))
-    return outcomes
+class ChildRunner:
+    """`Runner` under `dag.test()`: one child process (agentpost.airflow_demo_child) loads
+    the DAGs folder once and runs what it is sent, one JSON line per command.
 
+    Without a triggerer or scheduler, the child plays their part for event-driven DAGs: it
+    runs the DAG's own `InboxEventTrigger` in-process until it yields the arrival, and hands
+    the event's payload to `dag.test()` as the run's ``arrivals`` (the reactive factory's
+    manual runs). A fleet's reactive agent reads its whole inbox in one run."""
 
-def _test_examples(folder: str) -> int:
-    """In the child: load the folder, `dag.test()` every example, one result line each."""
-    from airflow.dag_processing.dagbag import DagBag
-    from airflow.utils.db import initdb
+    def __init__(self, folder: Path, home: Path, dsn: str) -> None:
+        self.folder, self.home, self.dsn = folder, home, dsn
+        self.log: deque[str] = deque(maxlen=40)  # the tail of the child's output
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.commands: IO[str] | None = None
+        self.answers: IO[str] | None = None
+        self.dead = False
 
-    initdb()
-    bag = DagBag(dag_folder=folder)
-    for path, error in bag.import_errors.items():
-        _report(path, "import_error", {"error": error.strip().splitlines()[-1]})
-    for dag_id in sorted(bag.dags):
-        dag = bag.dags[dag_id]
-        if is_example(dag_id, dag.tags):
-            run = dag.test()
-            _report(dag_id, str(run.state),
-                    {ti.task_id: str(ti.state) for ti in run.get_task_instances()})
-    return 0
+    def start(self) -> dict[str, set[str]] | None:
+        """Start the child; the DAGs it loaded (None if it died first)."""
+        env = private_environment()
+        env.update({
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.folder),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
+            "AIRFLOW_CONN_AGENTPOST_DEFAULT": connection_json(self.dsn),
+            DSN_VAR: self.dsn,
+        })
+        commands_r, commands_w = os.pipe()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agentpost.airflow_demo_child", str(self.folder),
+             str(commands_r)], env=env, cwd=self.home, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(commands_r,))
+        os.close(commands_r)
+        self.commands = open(commands_w, "w", encoding="utf-8")  # noqa: SIM115 (closed in close)
+        self.answers = io.TextIOWrapper(self.proc.stdout, encoding="utf-8", errors="replace")
+        kind, found = self._until("DAGS")
+        if kind is None:
+            return None
+        for path, error in found["errors"].items():
+            print(f"  import error in {path}: {error}")
+        return {d: set(tags) for d, tags in found["dags"].items()}
 
+    def watch(self, dag_ids: Sequence[str], watchers: Sequence[str]) -> None:
+        """Nothing to start: each arrival's trigger runs in `on_arrival`."""
 
-def _report(dag_id: str, state: str, tasks: dict[str, Any]) -> None:
-    print(RESULT_MARK + json.dumps({"dag_id": dag_id, "state": state, "tasks": tasks}),
-          flush=True)
+    def run(self, dag_ids: Sequence[str]) -> list[Outcome]:
+        return self._command({"op": "run", "dags": list(dag_ids)})
 
+    def on_arrival(self, dag_id: str, arrival: Arrival, send: Callable[[], None]
+                   ) -> list[Outcome]:
+        self._send({"op": "arrival", "dag": dag_id, "inbox": arrival.inbox,
+                    "watcher": arrival.watcher})
+        if self._until("WATCHING")[0] is None:
+            return self.lost()
+        send()
+        return self._results()
 
-if __name__ == "__main__":
-    raise SystemExit(_test_examples(sys.argv[1]))
+    def drain(self, dag_id: str, inbox: str) -> list[Outcome]:
+        return self.run([dag_id])
+
+    def _command(self, command: dict[str, Any]) -> list[Outcome]:
+        self._send(command)
+        return self._results()
+
+    def _send(self, command: dict[str, Any]) -> None:
+        assert self.commands is not None
+        try:
+            self.commands.write(json.dumps(command) + "\n")
+            self.commands.flush()
+        except BrokenPipeError:
+            pass  # the child is gone: reading its answers says so
+
+    def _results(self) -> list[Outcome]:
+        """RESULT lines until DONE."""
+        outcomes = []
+        while True:
+            kind, data = self._line()
+            if kind is None:
+                return outcomes + self.lost()
+            if kind == "RESULT":
+                outcomes.append(Outcome(data["dag_id"], data["state"], data["tasks"],
+                                        data.get("ended", {})))
+            elif kind == "DONE":
+                return outcomes
+
+    def _until(self, wanted: str) -> tuple[str | None, Any]:
+        """The next `wanted` line (kind, data); (None, None) when the child is gone."""
+        while True:
+            kind, data = self._line()
+            if kind is None or kind == wanted:
+                return kind, data
+
+    def _line(self) -> tuple[str | None, Any]:
+        """The next protocol line (kind, data); (None, None) when the child is gone."""
+        assert self.answers is not None
+        for line in iter(self.answers.readline, ""):
+            self.log.append(line.rstrip())
+            if line.startswith(MARK):
+                kind, _, rest = line.removeprefix(MARK).rstrip("\n").partition(" ")
+                return kind, json.loads(rest) if rest.strip() else None
+        return None, None
+
+    def lost(self) -> list[Outcome]:
+        """The child died: say so once, with its log's tail, as a failed outcome."""
+        if self.dead:
+            return []
+        self.dead = True
+        code = None if self.proc is None else self.proc.wait()
+        print("\n".join(["  the dag.test() process died; its output ends:", *self.log]),
+              flush=True)
+        return [Outcome("(dag.test runner)", f"exit {code}", {})]
+
+    def close(self) -> None:
+        """End the child: it stops at the end of its commands."""
+        for stream in (self.commands, self.answers):
+            try:
+                if stream is not None:
+                    stream.close()
+            except BrokenPipeError:
+                pass
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

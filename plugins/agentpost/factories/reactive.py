@@ -7,6 +7,11 @@ The trigger paces its events (`min_interval`) so that each arrival normally gets
 run; a run still handles every arrival in its ``triggering_asset_events`` (Airflow may put
 several asset events into one run, or leave one stored while a run was being created to the
 next run).
+
+A run started by hand handles the arrivals its conf names, ``{"arrivals": [payload, ...]}``
+(each at least ``{"envelope_id": ...}``): to handle an arrival again, to replay the one run
+a triggerer killed between claim and event loses, or where no triggerer runs at all
+(`dag.test()`: the headless demo hands it the event the trigger yielded).
 """
 
 from __future__ import annotations
@@ -50,6 +55,17 @@ def arrivals(triggering_asset_events: Mapping[Any, Iterable[Any]] | None) -> lis
     return sorted(found, key=lambda p: (p.get("delivered_at") or "", p["envelope_id"]))
 
 
+def manual_arrivals(conf: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The arrivals a manually started run was given in its conf (``arrivals``), in order;
+    entries without an ``envelope_id`` are refused, not skipped: a typo must not pass as
+    "nothing arrived"."""
+    given = (conf or {}).get("arrivals") or []
+    if not isinstance(given, list) or not all(isinstance(a, dict) and a.get("envelope_id")
+                                              for a in given):
+        raise ValueError("conf 'arrivals' must be a list of {'envelope_id': ...} payloads")
+    return list(given)
+
+
 def reactive_agent_dag(dag_id: str, workspace_id: str, handler: Handler | None = None, *,
                        agentpost_conn_id: str = AgentpostHook.default_conn_name,
                        asset: Asset | None = None, poll_interval: float = 30.0,
@@ -57,7 +73,8 @@ def reactive_agent_dag(dag_id: str, workspace_id: str, handler: Handler | None =
     """A DAG that runs when envelopes arrive in `workspace_id`'s inbox. Its task
     ``handle_arrivals`` calls ``handler(arrival, store)`` for each arrival of the run (the
     envelope itself: ``store.get(arrival["envelope_id"])``) and returns
-    ``[{"envelope_id", "result"}]``; without a handler it returns the arrivals.
+    ``[{"envelope_id", "result"}]``; without a handler it returns the arrivals. A run
+    without asset events takes its arrivals from its conf (`manual_arrivals`).
 
     :param asset: the Asset to schedule on (default `inbox_asset(workspace_id)`).
     :param dag_kwargs: passed to the DAG (tags, default_args, max_active_runs, ...).
@@ -69,8 +86,10 @@ def reactive_agent_dag(dag_id: str, workspace_id: str, handler: Handler | None =
              **dag_kwargs) as dag:
 
         @task(task_id="handle_arrivals")
-        def handle_arrivals(triggering_asset_events: Any = None) -> list[dict[str, Any]]:
-            todo = arrivals(triggering_asset_events)
+        def handle_arrivals(triggering_asset_events: Any = None,
+                            dag_run: Any = None) -> list[dict[str, Any]]:
+            todo = arrivals(triggering_asset_events) or manual_arrivals(
+                getattr(dag_run, "conf", None))
             if handler is None:
                 return todo
             with AgentpostHook(agentpost_conn_id=agentpost_conn_id).get_store() as store:
