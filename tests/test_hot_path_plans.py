@@ -1,9 +1,10 @@
 """The hot path's plans on a long-lived store (issue "Flat cost as the store grows").
 
 A store is built with a million envelopes of history (consumed, dead-lettered, rejected:
-80/10/10, spread over the leased inbox and others) and a backlog waiting elsewhere (delivered
-and unleased, leased by other consumers, queued for a suspended inbox), written with
-INSERT ... SELECT generate_series. Then the store's own calls (lease, ack, nack, heartbeat,
+80/10/10, spread over the leased inbox and others) and a backlog elsewhere: a million
+delivered and unleased in one inbox (the issue's case), more in another, some leased by other
+consumers, some queued for a suspended inbox; all written with INSERT ... SELECT
+generate_series. Then the store's own calls (lease, ack, nack, heartbeat,
 the leasable count, the expiry sweep, delivery on resume, redelivery) run on a session that
 has auto_explain print the plan (FORMAT JSON) of every statement they execute, nested ones
 included: the statements exactly as the store issues them, generic plans and real
@@ -31,7 +32,8 @@ from agentpost.store import EnvelopeStore
 from dbtools import connect, rows
 
 HISTORY = 1_000_000
-BACKLOG = 100_000  # waiting, unleased, in each of two other inboxes
+BACKLOG = 1_000_000  # waiting, unleased, in one other inbox
+SMALL = 20_000  # waiting, unleased, in another
 IN_FLIGHT = 2_000  # leased by other consumers, live
 QUEUED = 2_000  # validated, for a suspended inbox
 EARLY = 50  # sent through the store to each inbox before the history
@@ -158,7 +160,7 @@ def big(module_dsn: str) -> Iterator[dict[str, Any]]:
                                       "inboxes": [ws["hot"], ws["small"], ws["busy"]]})
             for prefix, inbox, status, leased, n in (
                     ("b-", ws["busy"], "acknowledged", False, BACKLOG),
-                    ("s-", ws["small"], "acknowledged", False, BACKLOG),
+                    ("s-", ws["small"], "acknowledged", False, SMALL),
                     ("f-", ws["flight"], "acknowledged", True, IN_FLIGHT),
                     ("q-", ws["parked"], "validated", False, QUEUED)):
                 rows(conn, _BACKLOG_SQL, {"prefix": prefix, "inbox": inbox, "status": status,
@@ -237,7 +239,7 @@ def _exercise(big: dict[str, Any], label: str) -> None:
 
         _, p = plans.of(store.redeliver)
         assert_hot(p, f"{label}: redeliver")
-        assert store.leasable(ws["small"]) == BACKLOG + EARLY
+        assert store.leasable(ws["small"]) == SMALL + EARLY
         _drain_inbox(store, ws["hot"])
         _drain_inbox(store, ws["late"])
 
