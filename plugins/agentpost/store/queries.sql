@@ -292,18 +292,9 @@ SELECT greatest(0, extract(epoch FROM min(e.lease_until) - clock_timestamp()))::
    AND e.lease_until IS NOT NULL
 
 -- name: leasable
--- How many envelopes lease() could take from an inbox now (its own conditions, blocking gate
--- included; a lease that ran out counts, as lease() returns it first, unless that return
--- dead-letters it).
-SELECT count(*)
-  FROM agentpost.envelopes e
- WHERE e.recipient = %(ws)s AND e.status = 'acknowledged' AND e.consumed_at IS NULL
-   AND (e.lease_until IS NULL OR e.lease_until <= now())
-   AND (e.lease_token IS NULL OR e.redeliveries < 3)
-   AND (e.rank = 0 OR NOT EXISTS (
-            SELECT 1 FROM agentpost.envelopes b
-             WHERE b.recipient = %(ws)s AND b.status = 'acknowledged'
-               AND b.consumed_at IS NULL AND b.rank = 0))
+-- How many envelopes lease() could take from an inbox now: a walk of the inbox's part of the
+-- hot index (sql/0050_hot_path.sql).
+SELECT agentpost.leasable(%(ws)s)
 
 -- name: checkpoint_start
 -- The first statement of a checkpoint's REPEATABLE READ transaction, so it fixes the
