@@ -340,8 +340,13 @@ def event_driven(api: Api, dsn: str, arrivals: int, limit: float = 240.0) -> dic
             "failed_runs": sum(r.get("state") == "failed" for r in runs)}
 
 
+#: which sensors a soak runs: alternating, or only one kind
+MODES = {"both": (DAG_ID, RESUMED_DAG_ID), "triggerer": (DAG_ID,),
+         "worker": (RESUMED_DAG_ID,)}
+
+
 def soak(runs: int, concurrency: int, settle: float | None, admin_dsn: str,
-         keep: Path | None = None, events: int = 0) -> dict[str, Any]:
+         keep: Path | None = None, events: int = 0, mode: str = "both") -> dict[str, Any]:
     """Run the soak; the result as a dict (see `main`)."""
     from agentpost.store import EnvelopeStore
 
@@ -376,8 +381,9 @@ def soak(runs: int, concurrency: int, settle: float | None, admin_dsn: str,
                 if events:
                     api.wait_for_dag(EVENTS_DAG_ID)
                 with ThreadPoolExecutor(concurrency) as pool:
+                    dag_ids = MODES[mode]
                     for f in [pool.submit(one_run, api, dsn, tally,
-                                          RESUMED_DAG_ID if i % 2 else DAG_ID)
+                                          dag_ids[i % len(dag_ids)])
                               for i in range(runs)]:
                         f.result()
                 events_result = event_driven(api, dsn, events) if events else None
@@ -391,7 +397,7 @@ def soak(runs: int, concurrency: int, settle: float | None, admin_dsn: str,
             return {"runs": tally.runs, "success": tally.success, "failed": len(tally.failed),
                     "failures": tally.failed[:10], "state_mismatches": mismatches,
                     "wrong_xcom": len(tally.wrong_xcom),
-                    "never_deferred": tally.never_deferred, "settle": settle,
+                    "never_deferred": tally.never_deferred, "settle": settle, "mode": mode,
                     "concurrency": concurrency,
                     "median_run_s": round(seconds[len(seconds) // 2], 2),
                     "wall_s": round(time.monotonic() - began, 1),
@@ -410,11 +416,14 @@ def main(argv: list[str] | None = None) -> int:
         "AGENTPOST_SOAK_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))
     parser.add_argument("--events", type=int, default=3,
                         help="envelopes for the event-driven DAG check after the soak (0: none)")
+    parser.add_argument("--mode", choices=sorted(MODES), default="both",
+                        help="sensors ending from the triggerer, resumed on a worker, or "
+                             "alternating (default)")
     parser.add_argument("--keep-log", type=Path, default=None,
                         help="copy standalone's log here")
     args = parser.parse_args(argv)
     result = soak(args.runs, args.concurrency, args.settle, args.admin_dsn, args.keep_log,
-                  args.events)
+                  args.events, args.mode)
     print(json.dumps(result), flush=True)
     events = result["event_driven"]
     ok = result["failed"] == 0 and result["state_mismatches"] == 0 and (
