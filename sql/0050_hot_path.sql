@@ -26,6 +26,11 @@
 --      functions.)
 -- tests/test_hot_path_plans.py explains every such statement on a store with a million
 -- envelopes of history and holds these rules.
+--
+-- A lease or ack batch writes its trail entries in one call: the UPDATE that leases or
+-- consumes the envelopes returns each row's signed state (the `row` _trail_write would have
+-- added), and _trail_append (sql/0055, the send batches' writer) chains, signs and inserts
+-- them all, one entry per envelope, each verifiable on its own.
 
 -- Leases that outlived their envelope: before 0016, consume() left the lease token on the
 -- row it consumed, and such rows sat in envelopes_leased (and in every expiry sweep) for
@@ -99,17 +104,19 @@ BEGIN
                leases = e.leases + 1,
                first_leased_at = coalesce(e.first_leased_at, clock_timestamp())
          WHERE e.id = ANY (v_claim)
-        RETURNING e.id, e.rank, coalesce(e.queue_pos, e.seq) AS pos, e.leases, e.lease_until
+        RETURNING e.id, e.rank, coalesce(e.queue_pos, e.seq) AS pos, e.leases, e.lease_until,
+                  agentpost._envelope_row(e, false) AS state
     )
     SELECT array_agg(u.id ORDER BY u.rank, u.pos), array_agg(p_ws),
            array_agg('envelope_leased'::text),
            array_agg(u.id ORDER BY u.rank, u.pos),
            array_agg(jsonb_build_object('envelope_id', u.id, 'workspace_id', p_ws,
                                         'holder', p_holder, 'attempt', u.leases,
-                                        'expires_at', u.lease_until) ORDER BY u.rank, u.pos)
+                                        'expires_at', u.lease_until, 'row', u.state)
+                     ORDER BY u.rank, u.pos)
       INTO v_ids, t_chain, t_event, t_env, t_body
       FROM u;
-    PERFORM agentpost._trail_write(t_chain, t_event, t_env, t_body, true);
+    PERFORM agentpost._trail_append(t_chain, t_event, t_env, t_body, clock_timestamp());
     PERFORM agentpost._count(p_ws, cardinality(v_ids), 0, 0, 0, 0, 0);
     RETURN QUERY SELECT e.* FROM unnest(v_ids) WITH ORDINALITY AS x(id, k)
                    JOIN agentpost.envelopes e ON e.id = x.id
@@ -166,17 +173,19 @@ BEGIN
         UPDATE agentpost.envelopes e
            SET consumed_at = clock_timestamp(), lease_token = NULL, lease_until = NULL
          WHERE e.id = ANY (v_ok)
-        RETURNING e.id, e.seq, e.recipient, e.rank, e.leases, e.lease_holder
+        RETURNING e.id, e.seq, e.recipient, e.rank, e.leases, e.lease_holder,
+                  agentpost._envelope_row(e, false) AS state
     )
     SELECT count(*), array_agg(a.recipient ORDER BY a.seq),
            array_agg('envelope_consumed'::text), array_agg(a.id ORDER BY a.seq),
            array_agg(jsonb_build_object('envelope_id', a.id, 'workspace_id', a.recipient,
                                         'via', 'ack', 'attempt', a.leases,
-                                        'holder', a.lease_holder) ORDER BY a.seq),
+                                        'holder', a.lease_holder, 'row', a.state)
+                     ORDER BY a.seq),
            array_agg(DISTINCT a.recipient) FILTER (WHERE a.rank = 0)
       INTO v_n, t_chain, t_event, t_env, t_body, v_blocking
       FROM a;
-    PERFORM agentpost._trail_write(t_chain, t_event, t_env, t_body, true);
+    PERFORM agentpost._trail_append(t_chain, t_event, t_env, t_body, clock_timestamp());
     FOR r IN SELECT x.ws, count(*) AS n FROM unnest(t_chain) AS x(ws) GROUP BY x.ws LOOP
         PERFORM agentpost._count(r.ws, 0, r.n::int, 0, 0, 0, 0);
     END LOOP;
