@@ -390,10 +390,15 @@ BEGIN
     p_result := jsonb_build_object('expired', v_n, 'inboxes', v_inboxes);
 END $$;
 
--- How many envelopes lease() could take from an inbox now (its own conditions, blocking gate
--- included; a lease that ran out counts, as lease() returns it first, unless that return
--- dead-letters it). A walk of the inbox's part of envelopes_ready.
-CREATE FUNCTION agentpost.leasable(p_ws text) RETURNS bigint
+-- What lease() could take from an inbox now (its own conditions, blocking gate included; a
+-- lease that ran out counts, as lease() returns it first, unless that return dead-letters
+-- it), narrowed by an optional filter (each NULL: any): how many, and the first p_limit ids
+-- in processing order (none when p_limit is 0). A walk of the inbox's part of
+-- envelopes_ready. The one definition of "leasable": the count below and the Airflow
+-- triggers' filtered matches (store/watches.py) both read it.
+CREATE FUNCTION agentpost.leasable_matching(p_ws text, p_type text, p_sender text,
+                                            p_in_reply_to text, p_priority text, p_limit int)
+RETURNS TABLE (available bigint, envelope_ids text[])
 LANGUAGE plpgsql STABLE
 SET enable_seqscan = off
 AS $$
@@ -404,12 +409,25 @@ BEGIN
                                 WHERE b.recipient = p_ws AND b.status = 'acknowledged'
                                   AND b.consumed_at IS NULL AND b.rank = 0)
                   THEN 0 ELSE 2 END;
-    RETURN (SELECT count(*) FROM agentpost.envelopes e
-             WHERE e.recipient = p_ws AND e.status = 'acknowledged'
-               AND e.consumed_at IS NULL AND e.rank <= v_top
-               AND (e.lease_until IS NULL OR e.lease_until <= now())
-               AND (e.lease_token IS NULL OR e.redeliveries < 3));
+    RETURN QUERY
+    SELECT count(*),
+           coalesce((array_agg(e.id ORDER BY e.rank, coalesce(e.queue_pos, e.seq))
+                         FILTER (WHERE p_limit > 0))[1:p_limit], '{}')
+      FROM agentpost.envelopes e
+     WHERE e.recipient = p_ws AND e.status = 'acknowledged'
+       AND e.consumed_at IS NULL AND e.rank <= v_top
+       AND (e.lease_until IS NULL OR e.lease_until <= now())
+       AND (e.lease_token IS NULL OR e.redeliveries < 3)
+       AND (p_type IS NULL OR e.type = p_type)
+       AND (p_sender IS NULL OR e.sender = p_sender)
+       AND (p_in_reply_to IS NULL OR e.in_reply_to = p_in_reply_to)
+       AND (p_priority IS NULL OR e.priority = p_priority);
 END $$;
+
+-- How many envelopes lease() could take from an inbox now (leasable_matching, unfiltered).
+CREATE FUNCTION agentpost.leasable(p_ws text) RETURNS bigint
+LANGUAGE sql STABLE
+AS $$ SELECT available FROM agentpost.leasable_matching(p_ws, NULL, NULL, NULL, NULL, 0) $$;
 
 -- Phase 2: deliver a workspace's validated envelopes in creation order, each delivery and its
 -- acknowledged signal in one step. Stops at the first envelope still backing off, and after

@@ -20,21 +20,18 @@ from agentpost.protocol.errors import InvalidInput, NotFound
 from agentpost.protocol.models import Envelope
 from agentpost.store.checks import ref as _ref
 from agentpost.store.envelopes import EnvelopeStore
-from agentpost.store.queries import QUERIES
 
 #: priorities an envelope can have (the envelopes table's check constraint)
 PRIORITIES = ("normal", "urgent", "blocking")
 #: how many matching ids a match reports at most
 MAX_IDS = 100
 
-#: the store's own "leasable" count (lease()'s conditions, one source), its select list
-#: widened to the matching ids and its WHERE clause narrowed by the filter
-_MATCHING = QUERIES["leasable"].replace("SELECT count(*)", """SELECT count(*)::int,
-       (array_agg(e.id ORDER BY e.rank, coalesce(e.queue_pos, e.seq)))[1:%(limit)s]""", 1) + """
-   AND (%(type)s::text IS NULL OR e.type = %(type)s)
-   AND (%(sender)s::text IS NULL OR e.sender = %(sender)s)
-   AND (%(in_reply_to)s::text IS NULL OR e.in_reply_to = %(in_reply_to)s)
-   AND (%(priority)s::text IS NULL OR e.priority = %(priority)s)
+#: the store's own definition of "leasable" (lease()'s conditions, sql/0050), narrowed by the
+#: filter, with the first matching ids in processing order
+_MATCHING = """
+SELECT available::int, envelope_ids
+  FROM agentpost.leasable_matching(%(ws)s, %(type)s, %(sender)s, %(in_reply_to)s,
+                                   %(priority)s, %(limit)s)
 """
 
 _REPLY = """
