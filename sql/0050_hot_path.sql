@@ -445,6 +445,7 @@ DECLARE
     v_gated boolean;
     v_any boolean;
     v_ids text[];
+    v_at timestamptz;
     v_n int;
     r record;
     tr record;
@@ -492,19 +493,24 @@ BEGIN
         RETURN 0;
     END IF;
     -- still validated? (a sealed receiver's sweep takes the senders' chains, not this one)
-    SELECT array_agg(x.id) FILTER (WHERE x.pending) INTO v_ids
-      FROM (SELECT e.id, e.status = 'validated' AS pending
+    SELECT array_agg(x.id ORDER BY x.seq) FILTER (WHERE x.pending) INTO v_ids
+      FROM (SELECT e.id, e.seq, e.status = 'validated' AS pending
               FROM agentpost.envelopes e WHERE e.id = ANY (v_ids)
                FOR UPDATE) x;
     IF v_ids IS NULL THEN
         RETURN 0;
     END IF;
 
+    -- delivery times follow creation order (a microsecond apart from now): rows updated by
+    -- primary key come in no particular order, so clock_timestamp() per row would not
+    v_at := clock_timestamp();
     WITH d AS (
         UPDATE agentpost.envelopes e
-           SET status = 'acknowledged', delivered_at = clock_timestamp(),
+           SET status = 'acknowledged',
+               delivered_at = v_at + (o.k - 1) * interval '1 microsecond',
                attempts = e.attempts + 1, next_attempt_at = NULL
-         WHERE e.id = ANY (v_ids)
+          FROM unnest(v_ids) WITH ORDINALITY AS o(id, k)
+         WHERE e.id = o.id
         RETURNING e.id, e.seq, e.sender, e.delivered_at, e.attempts,
                   e.rights <> '[]' AS has_rights
     ), s AS (
