@@ -92,8 +92,8 @@ def _host(request: Request | WebSocket) -> str | None:
     return request.client.host if request.client else None
 
 
-def _routes(app: FastAPI, gw: Gateway) -> None:
-    @app.post("/v1/enqueue")
+def _routes(app: FastAPI, gw: Gateway, prefix: str) -> None:
+    @app.post(f"{prefix}/enqueue")
     async def enqueue(request: Request) -> JSONResponse:
         who = await gw.authenticate(request.headers.get("authorization"), _host(request))
         to, envelope = parse_enqueue(await read_json(request, gw.config.max_body_bytes))
@@ -113,13 +113,13 @@ def _routes(app: FastAPI, gw: Gateway) -> None:
                     error={"code": 422, "message": f"envelope rejected: {result.reason}"})
         return JSONResponse(body, status_code=422)
 
-    @app.get("/v1/snapshot")
+    @app.get(f"{prefix}/snapshot")
     async def snapshot(request: Request) -> JSONResponse:
         who = await gw.authenticate(request.headers.get("authorization"), _host(request))
         view = checked_view(gw, who, request.query_params.get("view"))
         return JSONResponse(await view_snapshot(gw, view))
 
-    @app.get("/v1/stats")
+    @app.get(f"{prefix}/stats")
     async def stats(request: Request) -> JSONResponse:
         who = await gw.authenticate(request.headers.get("authorization"), _host(request))
         asked = request.query_params.get("stream")
@@ -131,11 +131,11 @@ def _routes(app: FastAPI, gw: Gateway) -> None:
         found = await gw.call(gw.store.stats, workspace)
         return JSONResponse(found.model_dump(mode="json"))
 
-    @app.websocket("/v1/subscribe")
+    @app.websocket(f"{prefix}/subscribe")
     async def subscribe(websocket: WebSocket) -> None:
         await serve_subscribe(gw, websocket)
 
-    @app.websocket("/v1/live")
+    @app.websocket(f"{prefix}/live")
     async def live(websocket: WebSocket) -> None:
         await serve_live(gw, websocket)
 
@@ -175,7 +175,8 @@ def _handlers(app: FastAPI) -> None:
 
 def create_app(store_or_dsn: EnvelopeStore | str, *, require_tokens: bool = True,
                config: GatewayConfig | None = None, tokens: TokenStore | None = None,
-               clock: Clock = time.monotonic, **overrides: Any) -> FastAPI:
+               clock: Clock = time.monotonic, prefix: str = "/v1",
+               **overrides: Any) -> FastAPI:
     """The gateway on a store (or a DSN, for which it opens and later closes a store).
 
     `require_tokens=True` (the default) refuses every request without a valid bearer token.
@@ -183,6 +184,8 @@ def create_app(store_or_dsn: EnvelopeStore | str, *, require_tokens: bool = True
     localhost"): a request *without* a token is served with every scope when it comes from a
     loopback address, and refused (401) from anywhere else; a request that presents a token
     is checked as usual. Keyword `overrides` replace fields of `config` (GatewayConfig).
+    `prefix` is where the routes live in this app: "" when the app is itself mounted at
+    ``.../v1`` (the Airflow plugin mounts it at ``/agentpost/v1``).
     """
     cfg = dataclasses.replace(config or GatewayConfig(), **overrides)
     owns = isinstance(store_or_dsn, str)
@@ -198,6 +201,6 @@ def create_app(store_or_dsn: EnvelopeStore | str, *, require_tokens: bool = True
     app = FastAPI(title="agentpost gateway", lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url=None)
     app.state.gateway = gw
-    _routes(app, gw)
+    _routes(app, gw, prefix)
     _handlers(app)
     return app

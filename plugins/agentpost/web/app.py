@@ -1,0 +1,106 @@
+"""The web app the Airflow plugin mounts at ``/agentpost``.
+
+    /                       inboxes (live)            pages/inboxes.py
+    /envelopes/{id}         one envelope              pages/envelopes.py
+    /marks                  the mark space            pages/marks.py
+    /commands[/{id}]        commands and sagas        pages/commands.py
+    /routes[/{id}]          actor routes              pages/routes.py
+    /analytics              the Spark jobs' results   pages/analytics.py
+    /static/...             CSS, JS, the chart library (served from the package)
+    /v1/...                 the Courier gateway, with its own capability tokens
+
+Each page module has a router whose every route needs an Airflow user (auth.py); the
+human highway's actions need the acting role and a CSRF token as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, HTTPException
+from fastapi.responses import FileResponse
+
+from agentpost.web import errors
+from agentpost.web.auth import Viewer
+from agentpost.web.context import WebContext
+from agentpost.web.pages import PAGE_ROUTERS
+
+STATIC = Path(__file__).with_name("static")
+
+Scope = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
+                   Awaitable[None]]
+
+
+class LazyGateway:
+    """The gateway app, built on its first request: building it needs the store, and the
+    plugin's app is created when Airflow imports plugins, long before (or without) one. It
+    serves the store of the app it is mounted in (``app.state.agentpost``)."""
+
+    def __init__(self) -> None:
+        self._app: FastAPI | None = None
+        self._context: WebContext | None = None
+        self._lock = asyncio.Lock()
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        context: WebContext = scope["app"].state.agentpost
+        if self._app is None or self._context is not context:
+            async with self._lock:
+                if self._app is None or self._context is not context:
+                    await self.close()
+                    self._app = await asyncio.to_thread(self._build, context)
+                    self._context = context
+        await self._app(scope, receive, send)
+
+    @staticmethod
+    def _build(context: WebContext) -> FastAPI:
+        from agentpost.gateway import create_app as gateway_app
+
+        return gateway_app(context.store, require_tokens=True, prefix="")
+
+    async def close(self) -> None:
+        if self._app is not None:
+            await self._app.state.gateway.close()
+            self._app = None
+
+
+def _static_router() -> APIRouter:
+    """CSS, scripts and the chart library, for signed-in users like every other route."""
+    router = APIRouter()
+    base = STATIC.resolve()
+
+    @router.get("/static/{path:path}", name="static")
+    def static(path: str, user: Viewer) -> FileResponse:
+        target = (base / path).resolve()
+        if not target.is_relative_to(base) or not target.is_file():
+            raise HTTPException(404, "no such file")
+        return FileResponse(target, headers={"Cache-Control": "private, max-age=3600"})
+
+    return router
+
+
+def create_app(dsn: str | None = None) -> FastAPI:
+    """The agentpost page. `dsn`: the store; by default the Airflow connection
+    ``agentpost_default``, else AGENTPOST_DSN, looked up on the first request."""
+    context = WebContext(dsn)
+    gateway = LazyGateway()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await gateway.close()
+        app.state.agentpost.close()
+
+    app = FastAPI(title="agentpost", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.agentpost = context
+    errors.install(app)
+    for router in PAGE_ROUTERS:
+        app.include_router(router)
+    app.include_router(_static_router())
+    app.mount("/v1", gateway, name="gateway")
+    return app

@@ -1,0 +1,50 @@
+"""Rendering: Jinja templates (autoescaped) with what every page needs: the app's URL prefix
+for links, the user, whether they may act, and their CSRF token for forms."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+
+from agentpost.web.auth import CSRF_FIELD, can_act, csrf_token, user_name
+
+TEMPLATES = Path(__file__).with_name("templates")
+templates = Jinja2Templates(directory=str(TEMPLATES))
+
+
+def _when(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ", timespec="milliseconds")
+    return "" if value is None else str(value)
+
+
+def _as_json(value: Any) -> str:
+    return json.dumps(value, default=str, indent=2, ensure_ascii=False)
+
+
+templates.env.filters["when"] = _when
+templates.env.filters["pretty"] = _as_json
+
+
+def root(request: Request) -> str:
+    """The prefix the app is mounted at (``/agentpost`` in Airflow), for absolute links."""
+    return request.scope.get("root_path", "").rstrip("/")
+
+
+def page(request: Request, template: str, status_code: int = 200,
+         **context: Any) -> HTMLResponse:
+    """A page of the agentpost UI. Templates extend ``base.html`` and get `root`, `user`,
+    `can_act`, `csrf_field` and `csrf_token` besides `context`."""
+    user = getattr(request.state, "agentpost_user", None)
+    acting = user is not None and can_act(user)
+    return templates.TemplateResponse(request, template, {
+        "root": root(request), "user": None if user is None else user_name(user),
+        "can_act": acting, "csrf_field": CSRF_FIELD,
+        "csrf_token": csrf_token(user) if acting else "", **context},
+        status_code=status_code)
