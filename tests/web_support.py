@@ -39,8 +39,9 @@ class Web:
         return {"Authorization": f"Bearer {self.tokens[role]}"}
 
     def csrf(self, role: str) -> str:
-        from agentpost.web.auth import csrf_token
         from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+        from agentpost.web.auth import csrf_token
 
         return csrf_token(SimpleAuthManagerUser(username=role, role=role.upper()))
 
