@@ -38,6 +38,7 @@ from agentpost.hooks import AgentpostHook
 from agentpost.protocol.commands import CommandKind, CommandState, CommandView
 from agentpost.protocol.errors import AgentpostError, StoreError
 from agentpost.store.commands import CommandLedger
+from agentpost.web.links import LinkSource, links_for
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -173,6 +174,8 @@ class CommandOperator(WaitsForCommands, BaseOperator):
     template_fields: Sequence[str] = ("workspace", "idempotency_key", "op_args", "op_kwargs",
                                       "executor_workspace", "agentpost_conn_id")
     template_fields_renderers = {"op_args": "py", "op_kwargs": "py"}
+    agentpost_links = {"commands": LinkSource(key="command_id")}
+    operator_extra_links = links_for(agentpost_links)
     ui_color = "#f2e3d9"
 
     def __init__(self, python_callable: Callable[..., Any], action: str, *, workspace: str,

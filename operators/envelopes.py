@@ -19,6 +19,7 @@ from agentpost.operators.common import StoreOperator, instance_id, is_template
 from agentpost.protocol.errors import InvalidInput
 from agentpost.protocol.models import Priority
 from agentpost.store.checks import name as checked_name
+from agentpost.web.links import LinkSource, links_for
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -70,6 +71,8 @@ class SendEnvelopeOperator(StoreOperator):
                                       "in_reply_to", "tags", "headers", "envelope_id",
                                       "agentpost_conn_id")
     template_fields_renderers = {"content": "json", "headers": "json"}
+    agentpost_links = {"envelopes": LinkSource()}
+    operator_extra_links = links_for(agentpost_links)
     ui_color = "#e3f2d9"
     #: the type a subclass fixes (None: the caller names it)
     fixed_type: str | None = None

@@ -29,6 +29,7 @@ from agentpost.hooks import AgentpostHook
 from agentpost.operators.common import StoreOperator, open_store
 from agentpost.protocol.errors import InvalidInput, LeaseLost
 from agentpost.protocol.leases import Lease, split_token, to_courier, workspace_of
+from agentpost.web.links import LinkSource, links_for
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -81,6 +82,9 @@ class LeaseOperator(StoreOperator):
     """
 
     template_fields: Sequence[str] = ("workspace_id", "holder", "agentpost_conn_id")
+    #: the first leased envelope
+    agentpost_links = {"envelopes": LinkSource(path=(0, "envelope_id"))}
+    operator_extra_links = links_for(agentpost_links)
     ui_color = "#d9e6f2"
 
     def __init__(self, *, workspace_id: str, max: int = 1, ttl: float = DEFAULT_TTL,
@@ -104,6 +108,8 @@ class _SettleOperator(StoreOperator):
     """Acks or nacks one lease; a retry after the first try settled it succeeds."""
 
     template_fields: Sequence[str] = ("lease", "agentpost_conn_id")
+    agentpost_links = {"envelopes": LinkSource()}
+    operator_extra_links = links_for(agentpost_links)
     ui_color = "#d9e6f2"
 
     def __init__(self, *, lease: Any, **kwargs: Any) -> None:

@@ -43,6 +43,7 @@ from agentpost.marks.keys import KeyRecord, UnsettledCall
 from agentpost.operators.commands import default_key
 from agentpost.operators.common import StoreOperator
 from agentpost.protocol.errors import InvalidInput
+from agentpost.web.links import LinkSource, links_for
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -127,6 +128,8 @@ class WriteMarkOperator(_MarksOperator):
 
     template_fields: Sequence[str] = ("scope", "fields", "agentpost_conn_id")
     template_fields_renderers = {"fields": "json"}
+    agentpost_links = {"marks": LinkSource(space_attr="space")}
+    operator_extra_links = links_for(agentpost_links)
     ui_color = "#f2ecd9"
 
     def __init__(self, *, mark_type: MarkType | str, scope: str,
@@ -190,6 +193,10 @@ class GuardedActionOperator(_MarksOperator):
     template_fields: Sequence[str] = ("scope", "resource", "op_args", "op_kwargs",
                                       "agentpost_conn_id")
     template_fields_renderers = {"op_args": "py", "op_kwargs": "py"}
+    #: the intent the guard wrote for the action
+    agentpost_links = {"marks": LinkSource(key="decision", path=("intent_id",),
+                                           space_attr="space")}
+    operator_extra_links = links_for(agentpost_links)
     ui_color = "#f2ecd9"
 
     def __init__(self, *, python_callable: Callable[..., Any], scope: str, resource: str,

@@ -57,6 +57,7 @@ from agentpost.store.sagas import (
     SagaView,
     SagaWaiting,
 )
+from agentpost.web.links import LinkSource, links_for
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -173,6 +174,8 @@ class SagaStepOperator(_SagaTask):
     template_fields: Sequence[str] = (*_SagaTask.template_fields, "args")
     template_fields_renderers = {"args": "json"}
     ui_color = "#f2e3d9"
+    agentpost_links = {"commands": LinkSource(key="command_id")}
+    operator_extra_links = links_for(agentpost_links)
 
     def __init__(self, *, step: str, handler: str, action: str,
                  args: Mapping[str, Any] | None = None,
@@ -219,6 +222,8 @@ class SagaCompensationOperator(_SagaTask):
     module docstring. Returns the compensate command's id."""
 
     ui_color = "#f2d9d9"
+    agentpost_links = {"commands": LinkSource()}
+    operator_extra_links = links_for(agentpost_links)
 
     def __init__(self, *, step: str, **kwargs: Any) -> None:
         kwargs.setdefault("trigger_rule", "all_done")

@@ -38,6 +38,7 @@ from agentpost.triggers import (
     VerdictTrigger,
     WatchTrigger,
 )
+from agentpost.web.links import LinkSource, links_for, trigger_links
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -166,6 +167,7 @@ class StoreSensor(BaseSensorOperator):
         assert trigger is not None  # set by the check
         trigger.not_before = time.time() + self.settle if self.settle else None
         trigger.end_task, trigger.result_key = self.end_from_trigger, self.result_key
+        trigger.links = trigger_links(self) if self.end_from_trigger else []
         self.defer(trigger=trigger, method_name="execute_complete",
                    timeout=timedelta(seconds=self.timeout))
 
@@ -206,6 +208,9 @@ class InboxSensor(StoreSensor):
 
     template_fields: Sequence[str] = ("workspace_id", "type", "sender", "in_reply_to",
                                       "agentpost_conn_id")
+    #: the first matching envelope (filtered waits list them)
+    agentpost_links = {"envelopes": LinkSource(path=("envelope_ids", 0))}
+    operator_extra_links = links_for(agentpost_links)
 
     def __init__(self, *, workspace_id: str, min_envelopes: int = 1, type: str | None = None,
                  sender: str | None = None, in_reply_to: str | None = None,
@@ -241,6 +246,8 @@ class ReplySensor(StoreSensor):
     template_fields: Sequence[str] = ("envelope_id", "type", "agentpost_conn_id")
     done_status = "replied"
     result_key = "reply"
+    agentpost_links = {"envelopes": LinkSource(path=("id",))}
+    operator_extra_links = links_for(agentpost_links)
 
     def __init__(self, *, envelope_id: str, type: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -264,6 +271,8 @@ class NeedResolvedSensor(StoreSensor):
 
     template_fields: Sequence[str] = ("need_id", "space", "agentpost_conn_id")
     done_status = "resolved"
+    agentpost_links = {"marks": LinkSource(path=("need_id",), space_path=("space",))}
+    operator_extra_links = links_for(agentpost_links)
 
     def __init__(self, *, need_id: str | UUID, space: str = "default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -290,6 +299,9 @@ class VerdictSensor(StoreSensor):
     template_fields: Sequence[str] = ("scope", "resource", "agent_id", "space", "intent_id",
                                       "agentpost_conn_id")
     done_status = "decided"
+    #: the intent the verdict is about
+    agentpost_links = {"marks": LinkSource(path=("intent_id",), space_path=("space",))}
+    operator_extra_links = links_for(agentpost_links)
 
     def __init__(self, *, scope: str, resource: str, agent_id: str | UUID,
                  space: str = "default", intent_id: str | UUID | None = None,

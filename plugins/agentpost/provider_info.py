@@ -25,8 +25,9 @@ SENSOR_MODULES = ["agentpost.operators.sensors"]
 TRIGGER_MODULES = ["agentpost.triggers.commands", "agentpost.triggers.events",
                    "agentpost.triggers.inbox", "agentpost.triggers.needs",
                    "agentpost.triggers.replies", "agentpost.triggers.verdicts"]
-#: class paths of BaseOperatorLink subclasses (none yet)
-EXTRA_LINKS: list[str] = []
+#: class paths of BaseOperatorLink subclasses (the plugin registers the same classes)
+EXTRA_LINKS = ["agentpost.web.links.CommandLink", "agentpost.web.links.EnvelopeLink",
+               "agentpost.web.links.MarkLink", "agentpost.web.links.RouteLink"]
 #: the project's documentation, as paths in the repository (Airflow's "how-to-guide" form)
 DOCS = ["/docs/airflow.md", "/docs/api.md", "/docs/design.md"]
 

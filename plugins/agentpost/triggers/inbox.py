@@ -158,11 +158,23 @@ class StoreTrigger(StoreAccess, BaseTrigger):
     XCom ``return_value`` is the payload, or the payload's `result_key` entry, and no
     worker resumes the task. That event is never held: a task instance that goes from
     deferred straight to success cannot meet the race `hold_until` dodges (docs/airflow.md,
-    "The deferral race")."""
+    "The deferral race").
+
+    `links`: the sensor's extra links (``agentpost.web.links.trigger_links``); an event
+    that ends the task adds their ``_link_*`` XComs, which no worker will compute."""
 
     not_before: float | None = None
     end_task: bool = False
     result_key: str | None = None
+
+    def __init__(self, *, links: list[list[Any]] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if links is not None and not (isinstance(links, list)
+                                      and all(isinstance(x, list) and len(x) == 5
+                                              for x in links)):
+            raise InvalidInput("links must be a list of [xcom_key, kind, path, space, "
+                               "space_path] lists")
+        self.links = links or []
 
     def _settle_kwargs(self) -> dict[str, Any]:
         """`not_before`, `end_task` and `result_key` for serialize(), each only when set
@@ -173,6 +185,8 @@ class StoreTrigger(StoreAccess, BaseTrigger):
             kwargs["end_task"] = True
         if self.result_key is not None:
             kwargs["result_key"] = self.result_key
+        if self.links:
+            kwargs["links"] = self.links
         return kwargs
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -180,10 +194,18 @@ class StoreTrigger(StoreAccess, BaseTrigger):
         payload = event.payload
         if self.end_task and isinstance(payload, dict) and payload.get("status") != "error":
             value = payload if self.result_key is None else payload[self.result_key]
-            yield TaskSuccessEvent(xcoms={"return_value": value})
+            yield TaskSuccessEvent(xcoms={"return_value": value, **self._link_xcoms(value)})
             return
         await hold_until(self.not_before, self.log)
         yield event
+
+    def _link_xcoms(self, value: Any) -> dict[str, str]:
+        """The extra links' XComs for the task's result (none without `links`)."""
+        if not self.links:
+            return {}
+        from agentpost.web.links import link_xcoms
+
+        return link_xcoms(self.links, value)
 
     @abc.abstractmethod
     async def wait(self) -> TriggerEvent:

@@ -1,6 +1,149 @@
-"""Operator extra links: from a task instance of an agentpost operator or sensor to its
-envelope, command, mark or route page. (Filled in with the operators.)"""
+"""Operator extra links: from a task instance of an agentpost operator or sensor to the page of
+the envelope, command, mark or route it produced.
+
+Airflow computes a link once, where the task ends: a worker calls `get_link` after the task
+ran and keeps the URL in XCom ``_link_<ClassName>``, which the UI reads. Each operator says
+where its id is (`agentpost_links`: a `LinkSource` per page kind). A sensor that ends from the
+triggerer never reaches a worker, so its trigger computes the same URLs from the result with
+`link_xcoms` and puts them in the success event's XComs.
+"""
 
 from __future__ import annotations
 
-EXTRA_LINKS: list[type] = []
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import quote, urlencode
+
+from airflow.sdk import BaseOperatorLink
+
+if TYPE_CHECKING:
+    from airflow.sdk import BaseOperator
+    from airflow.sdk.types import TaskInstanceKey
+
+PREFIX = "/agentpost"
+RETURN_VALUE = "return_value"
+
+
+@dataclass(frozen=True)
+class LinkSource:
+    """Where a task's id for one page kind is: in XCom `key`, at `path` (keys or list
+    indexes into the value; empty: the value itself). `space_attr`: the operator attribute
+    naming the mark space (mark pages need it); `space_path`: the same, read from the value."""
+
+    path: tuple[str | int, ...] = ()
+    key: str = RETURN_VALUE
+    space_attr: str | None = None
+    space_path: tuple[str | int, ...] | None = None
+
+
+def base_url() -> str:
+    """Airflow's ``[api] base_url`` without a trailing slash; empty (relative links) when unset."""
+    from airflow.configuration import conf
+
+    return (conf.get("api", "base_url", fallback="") or "").rstrip("/")
+
+
+def page_url(kind: str, ident: str, space: str | None = None) -> str:
+    """The agentpost page of `ident` (``envelopes``, ``commands``, ``marks``, ``routes``)."""
+    url = f"{base_url()}{PREFIX}/{kind}/{quote(str(ident), safe=':')}"
+    return f"{url}?{urlencode({'space': space})}" if space is not None else url
+
+
+def dig(value: Any, path: Sequence[str | int]) -> Any:
+    """`value` at `path`, or None where the path does not exist (a failed or empty result)."""
+    for step in path:
+        try:
+            value = value[step]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return value
+
+
+def source_url(kind: str, source: LinkSource, read: Callable[[str], Any],
+               space: str | None = None) -> str:
+    """The URL for `source`, reading XComs with `read`; empty when the task produced no id
+    (Airflow shows no link for an empty one)."""
+    ident = dig(read(source.key), source.path)
+    if ident is None or ident == "" or isinstance(ident, dict | list):
+        return ""
+    if source.space_path is not None:
+        space = dig(read(source.key), source.space_path)
+    if kind == "marks" and not space:
+        space = "default"
+    return page_url(kind, str(ident), space)
+
+
+class PageLink:
+    """What the link classes share (a mixin, so that only the concrete links are
+    BaseOperatorLinks for Airflow's provider registry): one agentpost page kind per class;
+    the operator's `agentpost_links` says where the id is."""
+
+    kind: ClassVar[str] = ""
+
+    def source(self, operator: Any) -> LinkSource | None:
+        return getattr(operator, "agentpost_links", {}).get(self.kind)
+
+    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
+        from airflow.sdk.bases.xcom import BaseXCom
+
+        source = self.source(operator)
+        if source is None:
+            return ""
+        space = getattr(operator, source.space_attr, None) if source.space_attr else None
+        return source_url(self.kind, source,
+                          lambda key: BaseXCom.get_value(ti_key=ti_key, key=key), space)
+
+
+class EnvelopeLink(PageLink, BaseOperatorLink):
+    name = "Envelope"
+    kind = "envelopes"
+
+
+class CommandLink(PageLink, BaseOperatorLink):
+    name = "Command"
+    kind = "commands"
+
+
+class MarkLink(PageLink, BaseOperatorLink):
+    name = "Mark"
+    kind = "marks"
+
+
+class RouteLink(PageLink, BaseOperatorLink):
+    name = "Route"
+    kind = "routes"
+
+
+EXTRA_LINKS: list[type[BaseOperatorLink]] = [EnvelopeLink, CommandLink, MarkLink, RouteLink]
+_BY_KIND = {link.kind: link for link in EXTRA_LINKS}
+
+
+def links_for(sources: Mapping[str, LinkSource]) -> tuple[BaseOperatorLink, ...]:
+    """The link instances for an operator's `agentpost_links` (its operator_extra_links)."""
+    return tuple(_BY_KIND[kind]() for kind in sources)
+
+
+def trigger_links(operator: Any) -> list[list[Any]]:
+    """What a trigger needs to compute `operator`'s link XComs from its result, serializable:
+    ``[xcom_key, kind, path, space, space_path]`` per link reading the return value."""
+    specs = []
+    for kind, source in getattr(operator, "agentpost_links", {}).items():
+        if source.key != RETURN_VALUE:
+            continue
+        space = getattr(operator, source.space_attr, None) if source.space_attr else None
+        specs.append([_BY_KIND[kind]().xcom_key, kind, list(source.path), space,
+                      None if source.space_path is None else list(source.space_path)])
+    return specs
+
+
+def link_xcoms(specs: Sequence[Sequence[Any]], result: Any) -> dict[str, str]:
+    """The link XComs for a task whose return value is `result` (see `trigger_links`)."""
+    out = {}
+    for xcom_key, kind, path, space, space_path in specs:
+        source = LinkSource(path=tuple(path),
+                            space_path=None if space_path is None else tuple(space_path))
+        url = source_url(kind, source, lambda _key: result, space)
+        if url:
+            out[xcom_key] = url
+    return out
