@@ -51,6 +51,8 @@ bench: venv
 	$(BIN)/agentpost bench airflow
 	# fills scratch stores to 100k and 1M envelopes (several minutes); --large adds 10M
 	$(BIN)/agentpost bench growth
+	# the agentpost pages over 1M trail entries and 100k marks, through the Airflow app
+	$(BIN)/agentpost bench ui
 
 # Re-resolve the full lock after changing dependencies in pyproject.toml. The versions already
 # in constraints.txt are kept where they still fit (uv prefers the output file's pins); every

@@ -14,7 +14,8 @@ SUITES: dict[str, str] = {"airflow": "agentpost.benchmarks.airflow",
                           "growth": "agentpost.benchmarks.growth",
                           "leases": "agentpost.benchmarks.leases",
                           "marks": "agentpost.benchmarks.marks",
-                          "routes": "agentpost.benchmarks.routes"}
+                          "routes": "agentpost.benchmarks.routes",
+                          "ui": "agentpost.benchmarks.ui"}
 
 
 def run_benchmark(suite: str, *, dsn: str | None = None, scale: float = 1.0,
