@@ -28,6 +28,8 @@ test: venv
 	$(BIN)/ruff check .
 	# tests/test_docker_compose.py runs `docker-compose config`: installed here when missing
 	sh docker/ensure-compose-tool.sh
+	# tests/test_web_browser.py drives headless Chromium: installed here when missing
+	sh tests/ensure-browser.sh
 	$(BIN)/python -m pytest -q
 
 lint: venv
