@@ -67,6 +67,18 @@ def test_anonymous_gets_401_on_every_route(web) -> None:
     assert checked >= 4
 
 
+@pytest.mark.parametrize("path", ["/v1/subscribe?stream=gw-b", "/v1/live?view=latestPerAgent"])
+def test_anonymous_websockets_are_closed_with_4401(web, path: str) -> None:
+    from starlette.websockets import WebSocketDisconnect
+
+    with web.client(None).websocket_connect(PREFIX + path) as ws:
+        frame = ws.receive_json()
+        assert frame["error"]["code"] == 401, frame
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+    assert closed.value.code == 4401
+
+
 def test_a_forged_or_expired_token_is_refused_everywhere(web) -> None:
     forged = web.client(None)
     forged.cookies.set("_token", "not-a-jwt")
