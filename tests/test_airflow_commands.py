@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -421,24 +421,26 @@ def run_dag(tmp_path: Path, dsn: str, source: str, name: str,
 
 
 @contextmanager
-def person(dsn: str, answers: dict[str, str]) -> Iterator[dict[str, str]]:
-    """A person at another terminal while the block runs: for each key prefix, once its
-    command asks for a confirmation and the task's trigger listens, answer it: `confirm`
-    through the CLI (a separate process), `decline` through `ledger.confirmation_envelope`.
-    Yields the ids decided, per prefix (filled in as it goes)."""
+def person(dsn: str, answers: dict[str, str],
+           matches: Callable[[str, str], bool] = str.startswith) -> Iterator[dict[str, str]]:
+    """A person at another terminal while the block runs: for each pattern of `answers`,
+    once the command whose key `matches` it (by default: starts with it) asks for a
+    confirmation and the task's trigger listens, answer it: `confirm` through the CLI (a
+    separate process), `decline` through `ledger.confirmation_envelope`. Yields the ids
+    decided, per pattern (filled in as it goes)."""
     decided: dict[str, str] = {}
     stop = threading.Event()
 
     def watch() -> None:
         while len(decided) < len(answers) and not stop.wait(0.2):
             for row in commands(dsn):
-                prefix = next((p for p in answers if row["key"].startswith(p)), None)
-                if prefix is not None and prefix not in decided \
+                pattern = next((p for p in answers if matches(row["key"], p)), None)
+                if pattern is not None and pattern not in decided \
                         and row["state"] == "confirmation_required":
                     wait_for_listener(dsn, within=120)
                     time.sleep(0.5)
-                    decide(dsn, row["id"], answers[prefix])
-                    decided[prefix] = row["id"]
+                    decide(dsn, row["id"], answers[pattern])
+                    decided[pattern] = row["id"]
 
     with in_background(watch) as watching:
         try:

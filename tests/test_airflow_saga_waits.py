@@ -9,10 +9,6 @@ side effects that append lines to files, counted outside the store.
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +19,8 @@ from agentpost.command_triggers import CommandTrigger
 from agentpost.operators import SagaStepOperator
 from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
-from test_airflow_commands import commands, decide, lines, run_dag
-from test_airflow_inbox import CONN_VAR, connection_json, in_background, wait_for_listener
+from test_airflow_commands import commands, lines, person, run_dag
+from test_airflow_inbox import CONN_VAR, connection_json
 from test_airflow_operators import StandInTI
 
 
@@ -87,33 +83,6 @@ if __name__ == "__main__":
 '''
 
 
-@contextmanager
-def person(dsn: str, answers: dict[str, str]) -> Iterator[dict[str, str]]:
-    """A person at another terminal: once the command whose key ends with a suffix of
-    `answers` waits for a confirmation and a trigger listens, answer it after a short delay.
-    Yields the command ids decided, per suffix."""
-    decided: dict[str, str] = {}
-    stop = threading.Event()
-
-    def watch() -> None:
-        while len(decided) < len(answers) and not stop.wait(0.2):
-            for row in commands(dsn):
-                suffix = next((s for s in answers if row["key"].endswith(s)), None)
-                if suffix is not None and suffix not in decided \
-                        and row["state"] == "confirmation_required":
-                    wait_for_listener(dsn, within=120)
-                    time.sleep(0.5)
-                    decide(dsn, row["id"], answers[suffix])
-                    decided[suffix] = row["id"]
-
-    with in_background(watch) as watching:
-        try:
-            yield decided
-        finally:
-            stop.set()
-    watching.result()
-
-
 @pytest.mark.slow
 def test_a_waiting_saga_step_defers_until_a_person_answers(desk: EnvelopeStore, dsn: str,
                                                            tmp_path: Path) -> None:
@@ -122,7 +91,7 @@ def test_a_waiting_saga_step_defers_until_a_person_answers(desk: EnvelopeStore, 
     saga completes; declined, the payment never runs, the earlier steps are compensated
     last first, their undo tasks succeed and the outcome task fails the run."""
     answers = {"/confirmed_payment": "confirm", "/declined_payment": "decline"}
-    with person(dsn, answers) as decided:
+    with person(dsn, answers, matches=str.endswith) as decided:
         result, output = run_dag(tmp_path, dsn, DAG, "saga_wait_test.py")
     tasks = result["tasks"]
     assert decided.keys() == answers.keys(), output[-6000:]

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 ROLES = ("viewer", "user", "op", "admin")
@@ -59,20 +60,29 @@ def plugin_app():
     return AgentpostPlugin.fastapi_apps[0]["app"]
 
 
-@contextmanager
-def airflow_web(dsn: str) -> Iterator[Web]:
+@cache
+def _airflow_app() -> Any:
+    """Airflow's API app, built once per test process (its metadata database migrated once):
+    each `airflow_web` only points the plugin at another store."""
     os.environ["AIRFLOW__CORE__AUTH_MANAGER"] = (
         "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
     os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = ",".join(
         f"{r}:{r}" for r in ROLES)
-    from airflow.api_fastapi.app import create_app, get_auth_manager
-    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from airflow.api_fastapi.app import create_app
     from airflow.utils.db import initdb
+
+    initdb()
+    return create_app("all")
+
+
+@contextmanager
+def airflow_web(dsn: str) -> Iterator[Web]:
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 
     from agentpost.web.context import WebContext
 
-    initdb()
-    app = create_app("all")
+    app = _airflow_app()
     sub = plugin_app()
     previous = sub.state.agentpost
     sub.state.agentpost = WebContext(dsn)

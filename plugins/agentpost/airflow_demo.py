@@ -325,6 +325,7 @@ def _print_access(runtime: AirflowRuntime) -> None:
     login = runtime.credentials()
     print("\n== Airflow")
     print(f"  UI:       {runtime.url}")
+    print(f"  agents:   {runtime.url}/agentpost/  (also Browse → Agents in the UI)")
     print(f"  login:    {login.username} / {login.password}  (generated into "
           f"{runtime.home / 'simple_auth_manager_passwords.json.generated'})")
     print(f"  log:      {runtime.log_path}", flush=True)

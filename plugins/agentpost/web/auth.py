@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import secrets
 from typing import Annotated
 from urllib.parse import urlsplit
 
@@ -31,8 +30,6 @@ from fastapi import Depends, HTTPException, Request, status
 RESOURCE = "agentpost"
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "x-csrf-token"
-
-_FALLBACK_SECRET = secrets.token_bytes(32)
 
 
 def _auth_manager():
@@ -105,13 +102,11 @@ def user_name(user) -> str:
 
 
 def _secret() -> bytes:
-    try:
-        from airflow.configuration import conf
+    """Airflow's own JWT secret, read (or, when unset, generated once per process) exactly as
+    Airflow reads it, so the token agrees with the API server's other workers."""
+    from airflow.api_fastapi.auth.tokens import get_signing_key
 
-        value = conf.get("api_auth", "jwt_secret", fallback=None)
-    except Exception:
-        value = None
-    return value.encode() if value else _FALLBACK_SECRET
+    return get_signing_key("api_auth", "jwt_secret").encode()
 
 
 def _has_bearer(request: Request) -> bool:
