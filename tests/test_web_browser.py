@@ -373,6 +373,9 @@ def test_airflows_browse_menu_shows_the_page_in_an_iframe(server: Server,
     agents[0].click()
     frame = browser.wait_for("iframe")
     assert "/agentpost/" in frame.get_attribute("src")
+    browser.wait(lambda d: "/plugin/agentpost" in d.current_url)
+    time.sleep(1.0)  # the frame's own page loading
+    browser.shot("airflow-ui-agents")
     browser.driver.switch_to.frame(frame)
     try:
         browser.wait_for("table#inboxes")
