@@ -178,6 +178,14 @@ def test_retry_end_to_end(web: Web, ledger: CommandLedger, mstore: EnvelopeStore
     first = ledger.evidence(retry.command_id)[0].body
     assert first["context"] == {"originator": "human:user", "via": "agentpost page",
                                 "note": "flaky card API"}
+    confirmed = next(e.body for e in ledger.evidence(retry.command_id)
+                     if e.body["lifecycle"]["transition"]
+                     == "confirmation_required→confirmed")
+    assert confirmed["confirmed_by"] == "human:user"
+    assert confirmed["source"]["user"] == "user"
+    sent = mstore.trail(envelope_id=confirmed["source"]["envelope_id"])
+    created = next(e for e in sent if e.event == "envelope_created")
+    assert (created.chain, created.body["originator"]) == ("human:user", "user")
     assert mstore.verify_trail().ok
     # the waiting retry blocks another one: 409 with the reason, nothing written
     again = _post(user, path, web.csrf("user"), confirm="yes")
