@@ -1,9 +1,302 @@
-"""The commands page(s)."""
+"""Commands and sagas (SMCL): the list, one command with its evidence, recovery options,
+recoveries and saga, and the human highway's two recoveries, retry and compensate.
+
+What a person may do is decided by the protocol's own rules (`recovery_options` of the
+command's state, SMCL "recovery"), never by the template: the page offers retry and compensate
+only where the state offers them and no earlier recovery of that kind is still alive, and the
+action checks the same again before writing anything (409 otherwise).
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+import asyncio
+import json
+from typing import Annotated, Any
 
-from agentpost.web.auth import require_viewer
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import Response
+
+from agentpost.protocol.commands import (
+    CommandKind,
+    CommandState,
+    CommandView,
+    EvidenceType,
+    recovery_options,
+)
+from agentpost.protocol.errors import Conflict, InvalidInput
+from agentpost.store import EnvelopeStore
+from agentpost.store.commands import CommandLedger
+from agentpost.store.queries import load_queries
+from agentpost.web import actions
+from agentpost.web.auth import Actor, require_viewer, user_name
+from agentpost.web.context import get_store
+from agentpost.web.render import page
 
 router = APIRouter(dependencies=[Depends(require_viewer)])
+Q = load_queries("agentpost.web", "commands.sql")
+Store = Annotated[EnvelopeStore, Depends(get_store)]
+
+PAGE_SIZE = 50
+MAX_PAGE = 200
+EVIDENCE_LIMIT = 500
+#: the recoveries a person starts from the page (cancel and reprocess stay with the DAGs)
+HIGHWAY: tuple[CommandKind, ...] = (CommandKind.RETRY, CommandKind.COMPENSATE)
+#: a recovery in one of these states (or a declined one) no longer stands in the way
+_DEAD = frozenset({CommandState.FAILED, CommandState.REJECTED, CommandState.CANCELED,
+                   CommandState.COMPENSATED})
+_FIRST_PAGE = ("infinity", "")
+_MAX_NOTE = 500
+
+
+# ----------------------------------------------------------------------- input checks
+
+
+def _state_filter(value: str | None) -> str | None:
+    if value in (None, ""):
+        return None
+    try:
+        return CommandState(value).value
+    except ValueError:
+        names = ", ".join(s.value for s in CommandState)
+        raise InvalidInput(f"state must be one of {names}; not {value!r}") from None
+
+
+def _text_filter(value: str | None, what: str) -> str | None:
+    if value in (None, ""):
+        return None
+    if len(value) > 200 or not value.isprintable():
+        raise InvalidInput(f"{what} must be a printable name of at most 200 characters")
+    return value
+
+
+def _command_id(value: str) -> str:
+    if not value or len(value) > 200 or not value.isprintable():
+        raise InvalidInput("a command id is a printable string of at most 200 characters")
+    return value
+
+
+def _note(value: str | None, *, required: bool) -> str:
+    note = (value or "").strip()
+    if required and not note:
+        raise InvalidInput("say what you did to undo the command (the note is recorded)")
+    if len(note) > _MAX_NOTE or not all(c.isprintable() or c in "\r\n\t" for c in note):
+        raise InvalidInput(f"the note must be printable text of at most {_MAX_NOTE} characters")
+    return note
+
+
+# ----------------------------------------------------------------------- reads
+
+
+def list_commands(store: EnvelopeStore, workspace: str | None, state: str | None,
+                  after: str | None, limit: int) -> dict[str, Any]:
+    """One page, newest first; `next` is the id to pass as `after` for the next page."""
+    after_at, after_id = _FIRST_PAGE
+    if after:
+        row = store.db.fetchone(Q["cursor"], {"id": _command_id(after)})
+        if row is None:
+            raise InvalidInput(f"after: no command {after!r} to page from")
+        after_at, after_id = row
+    name = "list" + ("_workspace" if workspace else "") + ("_state" if state else "")
+    name = "list_all" if name == "list" else name
+    rows = store.db.fetchall(Q[name], {"workspace": workspace, "state": state,
+                                       "after_at": after_at, "after_id": after_id,
+                                       "limit": limit + 1})
+    items = [dict(zip(("command_id", "kind", "workspace", "action", "state", "reason",
+                       "target_command_id", "created_at", "last_transition_at"), r,
+                      strict=True)) for r in rows[:limit]]
+    more = len(rows) > limit
+    return {"commands": items, "next": items[-1]["command_id"] if more else None}
+
+
+def _evidence(store: EnvelopeStore, command_id: str) -> list[dict[str, Any]]:
+    rows = store.db.fetchall(Q["evidence"], {"chain": f"command:{command_id}",
+                                             "limit": EVIDENCE_LIMIT})
+    return [{"seq": seq, "event": event, "at": at, "body": json.loads(record)["body"],
+             "hash": digest, "mac": mac} for seq, event, at, record, digest, mac in rows]
+
+
+def _actor_of(body: dict[str, Any], view: CommandView) -> str:
+    """Who took a transition, as its artifact says: the gate's decider, the confirming person
+    or agent, the originator a person's recovery carries, else the executor or the sweep."""
+    for key in ("confirmed_by", "declined_by", "decided_by"):
+        if body.get(key):
+            return str(body[key])
+    originator = (body.get("context") or {}).get("originator")
+    if originator:
+        return str(originator)
+    lifecycle = body.get("lifecycle") or {}
+    target = str(lifecycle.get("transition", "")).split("→")[-1]
+    if target in ("started", "executed", "failed", "compensated"):
+        return f"executor:{view.executor}"
+    return f"workspace:{view.workspace}"
+
+
+def _last_transition(store: EnvelopeStore, view: CommandView) -> dict[str, Any] | None:
+    """The newest state_change artifact of the command's chain: when, which, by whom."""
+    for seq, at, record in store.db.fetchall(Q["last_transition"],
+                                             {"chain": f"command:{view.command_id}"}):
+        body = json.loads(record)["body"]
+        lifecycle = body.get("lifecycle") or {}
+        if lifecycle.get("evidence_type") == EvidenceType.STATE_CHANGE.value:
+            return {"seq": seq, "at": at, "transition": lifecycle.get("transition"),
+                    "event": body.get("event"), "by": _actor_of(body, view)}
+    return None
+
+
+def _alive(recovery: CommandView) -> bool:
+    return recovery.state not in _DEAD and not recovery.declined
+
+
+def highway_options(view: CommandView, recoveries: list[CommandView]
+                    ) -> dict[str, str | None]:
+    """For each highway recovery: None when a person may start it now, else why not."""
+    offered = recovery_options(view.state)
+    out: dict[str, str | None] = {}
+    for kind in HIGHWAY:
+        if kind not in offered:
+            offers = ", ".join(k.value for k in offered) or "nothing"
+            out[kind.value] = (f"SMCL offers no {kind.value} for a command in state"
+                               f" {view.state.value} (offers: {offers})")
+            continue
+        live = [r for r in recoveries if r.kind is kind and _alive(r)]
+        out[kind.value] = (None if not live else
+                           f"{kind.value} {live[-1].command_id} is already"
+                           f" {live[-1].state.value}")
+    return out
+
+
+def _saga(store: EnvelopeStore, view: CommandView) -> dict[str, Any] | None:
+    """The saga a step or compensation command belongs to (its key names it)."""
+    key = view.idempotency_key
+    if not key.startswith("saga:"):
+        return None
+    saga_id = key[5:].split("/", 1)[0]
+    if not store.db.scalar(Q["saga_exists"], {"id": saga_id}):
+        return None
+    return store.db.scalar(Q["saga"], {"id": saga_id})
+
+
+def command_detail(store: EnvelopeStore, command_id: str) -> dict[str, Any]:
+    """Everything the command's page shows, JSON-ready apart from datetimes."""
+    with CommandLedger(store) as ledger:
+        view = ledger.view(_command_id(command_id))
+        recoveries = ledger.recoveries(view.command_id)
+    return {"command": {**view.report(), "args": view.args, "outcome": view.outcome},
+            "last_transition": _last_transition(store, view),
+            "recovery_options": [k.value for k in recovery_options(view.state)],
+            "highway": highway_options(view, recoveries),
+            "recoveries": [r.report() for r in recoveries],
+            "evidence": _evidence(store, view.command_id),
+            "saga": _saga(store, view)}
+
+
+# ----------------------------------------------------------------------- pages
+
+
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
+
+
+@router.get("/commands")
+def commands_page(request: Request, store: Store, workspace: str | None = None,
+                  state: str | None = None, after: str | None = None,
+                  limit: Limit = PAGE_SIZE) -> Response:
+    ws, st = _text_filter(workspace, "workspace"), _state_filter(state)
+    data = list_commands(store, ws, st, after, limit)
+    return page(request, "commands.html", nav="commands", workspace=ws or "",
+                state=st or "", states=[s.value for s in CommandState], limit=limit, **data)
+
+
+@router.get("/api/commands")
+def commands_json(store: Store, workspace: str | None = None, state: str | None = None,
+                  after: str | None = None, limit: Limit = PAGE_SIZE) -> dict[str, Any]:
+    return list_commands(store, _text_filter(workspace, "workspace"), _state_filter(state),
+                         after, limit)
+
+
+@router.get("/commands/{command_id}")
+def command_page(request: Request, store: Store, command_id: str,
+                 done: str | None = None) -> Response:
+    detail = command_detail(store, command_id)
+    return page(request, "command.html", nav="commands", done=done, **detail)
+
+
+@router.get("/api/commands/{command_id}")
+def command_json(store: Store, command_id: str) -> dict[str, Any]:
+    return command_detail(store, command_id)
+
+
+# ----------------------------------------------------------------------- the human highway
+
+
+def _check_highway(ledger: CommandLedger, command_id: str, kind: CommandKind) -> CommandView:
+    """The target, if a person may start `kind` on it now; else Conflict with the reason."""
+    view = ledger.view(command_id)
+    why = highway_options(view, ledger.recoveries(view.command_id, kind))[kind.value]
+    if why is not None:
+        raise Conflict(f"cannot {kind.value} command {view.command_id}: {why}")
+    return view
+
+
+def _act(store: EnvelopeStore, command_id: str, kind: CommandKind, person: str,
+         note: str) -> str:
+    """Submit the recovery with the person as its originator, confirm it through the human
+    highway (a ``command.confirmation`` envelope from ``human:<person>``), and, for a
+    compensation the person performed, execute it: the target becomes compensated."""
+    with CommandLedger(store) as ledger:
+        target = _check_highway(ledger, command_id, kind)
+        attempt = len(ledger.recoveries(target.command_id, kind)) + 1
+        key = f"highway:{kind.value}/{target.command_id}/{attempt}"
+        context = {"originator": f"human:{person}", "via": "agentpost page", "note": note}
+        rec = ledger.recover(target.command_id, kind, key, mutating=True, context=context)
+        if rec.state is CommandState.CANONICALIZED:
+            rec = ledger.request_confirmation(rec.command_id)
+        if rec.state is CommandState.CONFIRMATION_REQUIRED and not rec.declined:
+            rec = ledger.confirmation_envelope(person, rec.command_id)
+        if kind is CommandKind.COMPENSATE:
+            ledger.execute(rec.command_id, lambda: {"performed_by": f"human:{person}",
+                                                    "note": note})
+    return f"/commands/{target.command_id}"
+
+
+def _summary(view: CommandView, kind: CommandKind, note: str) -> list[tuple[str, Any]]:
+    what = {CommandKind.RETRY: "a retry command (new key, same action, executor and args),"
+                               " confirmed by you; the command's DAG task runs it on its"
+                               " next try",
+            CommandKind.COMPENSATE: "a compensate command recording that you undid the"
+                                    " command's effect; executing it moves the command to"
+                                    " compensated"}[kind]
+    return [("command", view.command_id), ("state", view.state.value),
+            ("action", view.action), ("workspace", view.workspace),
+            ("what happens", what), ("note", note or "—")]
+
+
+async def _highway_post(request: Request, store: EnvelopeStore, user: Any,
+                        command_id: str, kind: CommandKind) -> Response:
+    fields = await actions.form_fields(request)
+    note = _note(fields.get("note"), required=kind is CommandKind.COMPENSATE)
+
+    def check() -> CommandView:
+        with CommandLedger(store) as ledger:
+            return _check_highway(ledger, _command_id(command_id), kind)
+
+    view = await asyncio.to_thread(check)
+    person = user_name(user)
+    return await actions.confirm_then(
+        request, title=f"{kind.value} command {view.command_id}",
+        fields={"note": note}, summary=_summary(view, kind, note),
+        back=f"/commands/{view.command_id}",
+        act=lambda: _act(store, view.command_id, kind, person, note))
+
+
+@router.post("/commands/{command_id}/retry")
+async def retry(request: Request, store: Store, user: Actor, command_id: str) -> Response:
+    return await _highway_post(request, store, user, command_id, CommandKind.RETRY)
+
+
+@router.post("/commands/{command_id}/compensate")
+async def compensate(request: Request, store: Store, user: Actor,
+                     command_id: str) -> Response:
+    return await _highway_post(request, store, user, command_id, CommandKind.COMPENSATE)
+
+
+__all__ = ["command_detail", "highway_options", "list_commands", "router"]

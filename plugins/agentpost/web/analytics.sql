@@ -1,0 +1,65 @@
+-- The analytics page (pages/analytics.py): the latest window of each result table of the
+-- Spark jobs (sql/0061_trail_analytics.sql), found by a backward scan of its primary key
+-- (window_start, window_end, ...), then that window's rows by the same key, LIMITed.
+
+-- name: latency
+SELECT window_start, window_end, inbox, delivered, p50_ms, p95_ms, p99_ms
+  FROM agentpost.analytics_inbox_latency
+ WHERE (window_start, window_end) = (SELECT window_start, window_end
+                                       FROM agentpost.analytics_inbox_latency
+                                      ORDER BY window_start DESC, window_end DESC LIMIT 1)
+ ORDER BY p95_ms DESC, inbox
+ LIMIT %(limit)s
+
+-- name: outcomes
+SELECT window_start, window_end, inbox, outcome, reason, count, rate
+  FROM agentpost.analytics_delivery_outcomes
+ WHERE (window_start, window_end) = (SELECT window_start, window_end
+                                       FROM agentpost.analytics_delivery_outcomes
+                                      ORDER BY window_start DESC, window_end DESC LIMIT 1)
+ ORDER BY rate DESC, count DESC, inbox, outcome, reason
+ LIMIT %(limit)s
+
+-- name: conflicts
+SELECT window_start, window_end, scope, policy, outcome, count
+  FROM agentpost.analytics_conflicts
+ WHERE (window_start, window_end) = (SELECT window_start, window_end
+                                       FROM agentpost.analytics_conflicts
+                                      ORDER BY window_start DESC, window_end DESC LIMIT 1)
+ ORDER BY scope, policy, count DESC, outcome
+ LIMIT %(limit)s
+
+-- name: commands
+SELECT window_start, window_end, workspace, action, commands, executed, failed, rejected,
+       canceled, compensated, compensation_rate
+  FROM agentpost.analytics_commands
+ WHERE (window_start, window_end) = (SELECT window_start, window_end
+                                       FROM agentpost.analytics_commands
+                                      ORDER BY window_start DESC, window_end DESC LIMIT 1)
+ ORDER BY compensation_rate DESC, commands DESC, workspace, action
+ LIMIT %(limit)s
+
+-- name: agents
+SELECT window_start, window_end, agent, sent, received, acked, nacked, marks, commands,
+       anomaly, anomaly_score, anomaly_reason
+  FROM agentpost.analytics_agent_activity
+ WHERE (window_start, window_end) = (SELECT window_start, window_end
+                                       FROM agentpost.analytics_agent_activity
+                                      ORDER BY window_start DESC, window_end DESC LIMIT 1)
+ ORDER BY anomaly DESC, anomaly_score DESC NULLS LAST, sent + received DESC, agent
+ LIMIT %(limit)s
+
+-- name: latency_history
+-- p50/p95 of some inboxes over the windows starting at or after %(since)s (a range of the
+-- primary key's leading column).
+SELECT window_start, inbox, p50_ms, p95_ms
+  FROM agentpost.analytics_inbox_latency
+ WHERE window_start >= %(since)s AND inbox = ANY(%(inboxes)s)
+ ORDER BY window_start, inbox
+ LIMIT %(limit)s
+
+-- name: runs
+SELECT job, window_start, window_end, computed_at, source_rows
+  FROM agentpost.analytics_runs
+ ORDER BY computed_at DESC
+ LIMIT %(limit)s

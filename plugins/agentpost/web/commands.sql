@@ -1,0 +1,60 @@
+-- The commands page (pages/commands.py). Listings are newest first with keyset paging on
+-- (created_at, id), one query per filter combination so each has its own index plan
+-- (sql/0060_web_listings.sql); (%(after_at)s, %(after_id)s) is the last row of the previous
+-- page, ('infinity', '') on the first, so the bound is always an index condition.
+
+-- name: cursor
+SELECT created_at, id FROM agentpost.commands WHERE id = %(id)s
+
+-- name: list_all
+SELECT id, kind, workspace, action, state, reason, target_command_id, created_at, updated_at
+  FROM agentpost.commands
+ WHERE (created_at, id) < (%(after_at)s::timestamptz, %(after_id)s::text)
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s
+
+-- name: list_workspace
+SELECT id, kind, workspace, action, state, reason, target_command_id, created_at, updated_at
+  FROM agentpost.commands
+ WHERE workspace = %(workspace)s
+   AND (created_at, id) < (%(after_at)s::timestamptz, %(after_id)s::text)
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s
+
+-- name: list_state
+SELECT id, kind, workspace, action, state, reason, target_command_id, created_at, updated_at
+  FROM agentpost.commands
+ WHERE state = %(state)s
+   AND (created_at, id) < (%(after_at)s::timestamptz, %(after_id)s::text)
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s
+
+-- name: list_workspace_state
+SELECT id, kind, workspace, action, state, reason, target_command_id, created_at, updated_at
+  FROM agentpost.commands
+ WHERE workspace = %(workspace)s AND state = %(state)s
+   AND (created_at, id) < (%(after_at)s::timestamptz, %(after_id)s::text)
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s
+
+-- name: evidence
+-- A command's evidence: its trail chain, in order (the chain's unique (chain, chain_seq)).
+SELECT chain_seq, event, at, record, encode(hash, 'hex'), encode(mac, 'hex')
+  FROM agentpost.trail
+ WHERE chain = %(chain)s
+ ORDER BY chain_seq
+ LIMIT %(limit)s
+
+-- name: last_transition
+-- Who moved the command last: the newest state_change artifact of its chain.
+SELECT chain_seq, at, record
+  FROM agentpost.trail
+ WHERE chain = %(chain)s
+ ORDER BY chain_seq DESC
+ LIMIT 20
+
+-- name: saga
+SELECT agentpost.saga_view(%(id)s)
+
+-- name: saga_exists
+SELECT EXISTS (SELECT 1 FROM agentpost.sagas WHERE id = %(id)s)

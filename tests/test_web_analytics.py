@@ -1,0 +1,143 @@
+"""The trail analytics page (issue 13) on a real Airflow API app: the result tables of
+sql/0061 filled directly, as the Spark jobs (issue 14) will, window by window."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg2
+import psycopg2.errors
+import pytest
+
+from web_support import Web, airflow_web
+
+T0 = datetime(2026, 11, 24, 10, 0, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+
+
+@pytest.fixture(scope="module")
+def web(module_dsn: str) -> Iterator[Web]:
+    with airflow_web(module_dsn) as web:
+        yield web
+
+
+class Db:
+    """Statements as a job would send them; `transaction()` commits a block at once."""
+
+    def __init__(self, dsn: str) -> None:
+        self.conn = psycopg2.connect(dsn)
+
+    def execute(self, sql: str, args: tuple[Any, ...] = ()) -> None:
+        with self.conn, self.conn.cursor() as cur:
+            cur.execute(sql, args)
+
+
+@pytest.fixture(scope="module")
+def db(module_dsn: str) -> Iterator[Db]:
+    d = Db(module_dsn)
+    yield d
+    d.conn.close()
+
+
+def _replace_window(db: Db, start: datetime,
+                    latency: list[tuple[str, int, float, float, float]]) -> None:
+    """What a job does for one window: delete its rows, insert the new ones, record the run,
+    in one transaction."""
+    end = start + HOUR
+    with db.conn, db.conn.cursor() as cur:
+        cur.execute("DELETE FROM agentpost.analytics_inbox_latency"
+                    " WHERE window_start = %s AND window_end = %s", (start, end))
+        for inbox, delivered, p50, p95, p99 in latency:
+            cur.execute("INSERT INTO agentpost.analytics_inbox_latency VALUES"
+                        " (%s, %s, %s, %s, %s, %s, %s)",
+                        (start, end, inbox, delivered, p50, p95, p99))
+        cur.execute("INSERT INTO agentpost.analytics_runs (job, window_start, window_end,"
+                    " source_rows) VALUES ('inbox_latency', %s, %s, %s)"
+                    " ON CONFLICT (job, window_start, window_end) DO UPDATE"
+                    " SET computed_at = clock_timestamp(), source_rows = excluded.source_rows",
+                    (start, end, sum(r[1] for r in latency)))
+
+
+def test_empty_tables_say_how_to_fill_them(web: Web) -> None:
+    page = web.client("viewer").get("/agentpost/analytics")
+    assert page.status_code == 200
+    assert 'id="analytics-empty"' in page.text and "analytics DAG" in page.text
+    body = web.client("viewer").get("/agentpost/api/analytics").json()
+    assert body["empty"] is True and body["chart"] == {"series": [], "data": [[]]}
+
+
+def test_latest_window_rows_and_latency_chart(web: Web, db: Db) -> None:
+    """Three windows; the page shows the latest one's rows, the chart p50/p95 of its busiest
+    inboxes across the windows (null where an inbox had no row)."""
+    _replace_window(db, T0, [("desk", 10, 5.0, 20.0, 40.0)])
+    _replace_window(db, T0 + HOUR, [("desk", 30, 6.0, 25.0, 50.0),
+                                    ("till", 5, 1.0, 2.0, 3.0)])
+    _replace_window(db, T0 + 2 * HOUR, [("desk", 40, 7.0, 30.0, 60.0),
+                                        ("till", 50, 2.0, 4.0, 8.0)])
+    db.execute("INSERT INTO agentpost.analytics_delivery_outcomes VALUES"
+               " (%s, %s, 'desk', 'dead_lettered', 'max_redeliveries', 2, 0.05)",
+               (T0 + 2 * HOUR, T0 + 3 * HOUR))
+    db.execute("INSERT INTO agentpost.analytics_agent_activity (window_start, window_end,"
+               " agent, sent, received, anomaly, anomaly_score, anomaly_reason) VALUES"
+               " (%s, %s, 'quiet', 1, 1, false, 0.1, NULL),"
+               " (%s, %s, 'loud', 900, 2, true, 4.2, 'sent 40x its median')",
+               (T0 + 2 * HOUR, T0 + 3 * HOUR) * 2)
+    body = web.client("viewer").get("/agentpost/api/analytics").json()
+    assert body["empty"] is False
+    latency = body["tables"]["latency"]
+    assert latency["window_start"].startswith("2026-11-24T12:00:00")
+    assert [(r["inbox"], r["p95_ms"]) for r in latency["rows"]] == [("desk", 30.0),
+                                                                    ("till", 4.0)]
+    chart = body["chart"]
+    assert chart["series"] == ["till p50", "till p95", "desk p50", "desk p95"]
+    hours = [(T0 + i * HOUR).timestamp() for i in range(3)]
+    assert chart["data"] == [hours, [None, 1.0, 2.0], [None, 2.0, 4.0], [5.0, 6.0, 7.0],
+                             [20.0, 25.0, 30.0]]
+    assert [r["agent"] for r in body["tables"]["agents"]["rows"]] == ["loud", "quiet"]
+    assert body["tables"]["outcomes"]["rows"] == [{
+        "inbox": "desk", "outcome": "dead_lettered", "reason": "max_redeliveries",
+        "count": 2, "rate": 0.05}]
+    assert body["tables"]["conflicts"]["rows"] == []
+    assert [r["job"] for r in body["runs"]] == ["inbox_latency"] * 3
+
+    page = web.client("viewer").get("/agentpost/analytics").text
+    data = re.search(r'<script type="application/json" id="latency-data">(.*?)</script>',
+                     page, re.S)
+    assert data and json.loads(data.group(1)) == chart
+    assert "uPlot.iife.min.js" in page
+    assert 'data-anomaly="true"' in page and "sent 40x its median" in page
+    rows = page.split('id="analytics-latency"', 1)[1].split("</table>", 1)[0]
+    assert re.findall(r"<td>(\w+)</td>", rows) == ["desk", "till"]
+
+
+def test_a_rerun_replaces_its_window(web: Web, db: Db) -> None:
+    """Re-running the latest window replaces its rows: one row per inbox, new values."""
+    _replace_window(db, T0 + 2 * HOUR, [("desk", 41, 8.0, 31.0, 61.0)])
+    body = web.client("viewer").get("/agentpost/api/analytics").json()
+    assert [(r["inbox"], r["delivered"], r["p50_ms"]) for r in
+            body["tables"]["latency"]["rows"]] == [("desk", 41, 8.0)]
+    assert body["chart"]["data"][1] == [5.0, 6.0, 8.0]
+
+
+@pytest.mark.parametrize(("sql", "args"), [
+    ("INSERT INTO agentpost.analytics_inbox_latency VALUES (%s, %s, 'x', 1, 5, 4, 6)",
+     (T0, T0 + HOUR)),  # p95 below p50
+    ("INSERT INTO agentpost.analytics_delivery_outcomes VALUES"
+     " (%s, %s, 'x', 'lost', '', 1, 0.1)", (T0, T0 + HOUR)),  # unknown outcome
+    ("INSERT INTO agentpost.analytics_commands (window_start, window_end, workspace, action,"
+     " commands, compensation_rate) VALUES (%s, %s, 'w', 'a', 1, 1.5)", (T0, T0 + HOUR)),
+    ("INSERT INTO agentpost.analytics_conflicts VALUES (%s, %s, 's', 'p', 'won', 1)",
+     (T0, T0)),  # empty window
+])
+def test_the_tables_refuse_rows_outside_the_contract(db: Db, sql: str,
+                                                     args: tuple[Any, ...]) -> None:
+    with pytest.raises(psycopg2.errors.CheckViolation):
+        db.execute(sql, args)
+
+
+def test_anonymous_is_401(web: Web) -> None:
+    assert web.client(None).get("/agentpost/api/analytics").status_code == 401
