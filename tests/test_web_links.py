@@ -94,7 +94,12 @@ if __name__ == "__main__":
         for task_id in ("send", "need", "command", "reply"):
             r = client.get(f"/api/v2/dags/{run.dag_id}/dagRuns/{run.run_id}"
                            f"/taskInstances/{task_id}/links")
-            api[task_id] = [r.status_code, r.json()]
+            links = r.json().get("extra_links", {})
+            # each link, followed as the browser would (the base_url's host is this app)
+            pages = {name: client.get(url.removeprefix(os.environ["AIRFLOW__API__BASE_URL"]))
+                     for name, url in links.items() if url}
+            api[task_id] = [r.status_code, r.json(),
+                            {name: [p.status_code, p.text] for name, p in pages.items()}]
     states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
     print("AGENTPOST-RESULT " + json.dumps({"run": str(run.state), "tasks": states,
                                              "xcoms": xcoms, "api": api}), flush=True)
@@ -194,8 +199,15 @@ def test_dag_test_writes_the_links_and_the_rest_api_serves_them(
     for task_id, (name, url) in expected.items():
         xcoms = result["xcoms"][task_id]
         assert xcoms[f"_link_{name}Link"] == url, (task_id, xcoms)
-        status, body = result["api"][task_id]
+        status, body, pages = result["api"][task_id]
         assert status == 200 and body["extra_links"] == {name: url}, (task_id, body)
+        if task_id in FOLLOWED:
+            page_status, html = pages[name]
+            assert page_status == 200 and FOLLOWED[task_id](result) in html, (task_id, html)
+
+
+#: the tasks whose link is followed to the page, and what that page must show
+FOLLOWED = {"command": lambda result: result["xcoms"]["command"]["command_id"]}
 
 
 def _desk(store: EnvelopeStore) -> None:
