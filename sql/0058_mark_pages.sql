@@ -1,0 +1,29 @@
+-- The mark space pages of the web UI (docs/ui.md, "The mark space"): what they list must
+-- come from an index in the order shown, so a page costs the same with 100 marks in a space
+-- as with 100,000.
+
+-- A scope's marks, newest first, paged by seq (write order). marks_scope starts with
+-- (space, scope) too, but its order is (mark_type, fades_at): listing a scope by it would
+-- sort every mark of the scope.
+CREATE INDEX marks_scope_recent ON agentpost.marks (space, scope, seq);
+
+-- The latest verdicts of a space (and the outcome counts over them), newest boundary first.
+-- The primary key starts with the space but orders by (scope, resource, agent_id).
+CREATE INDEX mark_verdicts_recent ON agentpost.mark_verdicts (space, boundary);
+
+-- What a page needs to recompute a mark's effective strength at any time, as marks_at does
+-- (sql/0007): whether some mark supersedes it (then 0), and the decay terms of the
+-- unsuperseded warnings that invalidate it, [initial_strength, created_at, half_life] in
+-- write order. SQL, single SELECT, STABLE: inlined into the page queries.
+CREATE FUNCTION agentpost.mark_decay_terms(p_space text, p_id uuid)
+RETURNS TABLE (superseded boolean, warnings json)
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT (SELECT true FROM agentpost.marks x
+             WHERE x.space = p_space AND x.supersedes = p_id LIMIT 1) IS NOT NULL,
+           (SELECT json_agg(json_build_array(w.initial_strength, w.created_at, w.half_life)
+                            ORDER BY w.seq)
+              FROM agentpost.marks w
+             WHERE w.space = p_space AND w.invalidates = p_id AND w.mark_type = 'warning'
+               AND (SELECT true FROM agentpost.marks y
+                     WHERE y.space = p_space AND y.supersedes = w.id LIMIT 1) IS NULL);
+$$;
