@@ -27,3 +27,23 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
                AND (SELECT true FROM agentpost.marks y
                      WHERE y.space = p_space AND y.supersedes = w.id LIMIT 1) IS NULL);
 $$;
+
+-- How many marks a space (p_scope NULL) or one of its scopes holds, counted up to p_cap: a
+-- walk of marks_clock or marks_scope_recent that stops at the cap. Bitmap and sequential
+-- scans are off inside: on a table without statistics (autovacuum off, or too young) the
+-- planner takes a space for a few rows and would collect every one of its marks, sorted,
+-- before the LIMIT.
+CREATE FUNCTION agentpost.mark_count_upto(p_space text, p_scope text, p_cap integer)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET enable_bitmapscan = off SET enable_seqscan = off AS $$
+BEGIN
+    IF p_scope IS NULL THEN
+        RETURN (SELECT count(*) FROM (SELECT 1 FROM agentpost.marks m
+                                       WHERE m.space = p_space
+                                       ORDER BY m.created_at LIMIT p_cap) c);
+    END IF;
+    RETURN (SELECT count(*) FROM (SELECT 1 FROM agentpost.marks m
+                                   WHERE m.space = p_space AND m.scope = p_scope
+                                   ORDER BY m.seq LIMIT p_cap) c);
+END $$;

@@ -4,7 +4,7 @@
 
 -- name: spaces
 -- The spaces that hold marks: a loose index scan of marks_clock (one probe per space), each
--- with its number of marks counted up to a cap.
+-- with its number of marks counted up to a cap (sql/0058).
 WITH RECURSIVE s(space) AS (
     (SELECT m.space FROM agentpost.marks m ORDER BY m.space LIMIT 1)
     UNION ALL
@@ -13,8 +13,7 @@ WITH RECURSIVE s(space) AS (
       FROM s WHERE s.space IS NOT NULL
 )
 SELECT s.space,
-       (SELECT count(*) FROM (SELECT 1 FROM agentpost.marks m WHERE m.space = s.space
-                               LIMIT %(cap)s) c)
+       agentpost.mark_count_upto(s.space, NULL, %(cap)s)
   FROM s WHERE s.space IS NOT NULL
  LIMIT %(limit)s
 
@@ -32,9 +31,7 @@ WITH RECURSIVE s(scope) AS (
       FROM s WHERE s.scope IS NOT NULL
 )
 SELECT s.scope,
-       (SELECT count(*) FROM (SELECT 1 FROM agentpost.marks m
-                               WHERE m.space = %(space)s AND m.scope = s.scope
-                               LIMIT %(cap)s) c)
+       agentpost.mark_count_upto(%(space)s, s.scope, %(cap)s)
   FROM s WHERE s.scope IS NOT NULL
  LIMIT %(limit)s
 
@@ -91,17 +88,19 @@ SELECT m.id, m.seq, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_st
  WHERE m.id = %(id)s AND m.space = %(space)s
 
 -- name: scope_intents
--- Live intents of one scope (marks_scope: intents fade at their TTL), the latest first, each
--- with the verdict its agent holds on the resource (the current boundary's, if any).
+-- Live intents of one scope, the latest first: the newest `window` by TTL end, walked
+-- backwards on marks_scope (intents fade at their TTL), then the superseded ones dropped;
+-- each with the verdict its agent holds on the resource (the current boundary's, if any).
 SELECT m.id, m.agent_id, m.resource, m.action, m.confidence, m.created_at, m.ttl,
-       v.allowed, v.winner_id, v.boundary, v.intent_id = m.id AS decided
-  FROM agentpost.marks m
+       v.allowed, v.winner_id, v.boundary, v.intent_id = m.id AS decided, m.scope
+  FROM (SELECT * FROM agentpost.marks c
+         WHERE c.space = %(space)s AND c.scope = %(scope)s AND c.mark_type = 'intent'
+           AND c.fades_at >= %(now)s
+         ORDER BY c.fades_at DESC LIMIT %(window)s) m
   LEFT JOIN agentpost.mark_verdicts v
          ON v.space = m.space AND v.scope = m.scope AND v.resource = m.resource
         AND v.agent_id = m.agent_id
- WHERE m.space = %(space)s AND m.scope = %(scope)s AND m.mark_type = 'intent'
-   AND m.fades_at >= %(now)s
-   AND (SELECT true FROM agentpost.marks x
+ WHERE (SELECT true FROM agentpost.marks x
          WHERE x.space = m.space AND x.supersedes = m.id LIMIT 1) IS NULL
  ORDER BY m.fades_at DESC
  LIMIT %(limit)s
@@ -110,12 +109,13 @@ SELECT m.id, m.agent_id, m.resource, m.action, m.confidence, m.created_at, m.ttl
 -- The same over a whole space (marks_intents).
 SELECT m.id, m.agent_id, m.resource, m.action, m.confidence, m.created_at, m.ttl,
        v.allowed, v.winner_id, v.boundary, v.intent_id = m.id AS decided, m.scope
-  FROM agentpost.marks m
+  FROM (SELECT * FROM agentpost.marks c
+         WHERE c.space = %(space)s AND c.mark_type = 'intent' AND c.fades_at >= %(now)s
+         ORDER BY c.fades_at DESC LIMIT %(window)s) m
   LEFT JOIN agentpost.mark_verdicts v
          ON v.space = m.space AND v.scope = m.scope AND v.resource = m.resource
         AND v.agent_id = m.agent_id
- WHERE m.space = %(space)s AND m.mark_type = 'intent' AND m.fades_at >= %(now)s
-   AND (SELECT true FROM agentpost.marks x
+ WHERE (SELECT true FROM agentpost.marks x
          WHERE x.space = m.space AND x.supersedes = m.id LIMIT 1) IS NULL
  ORDER BY m.fades_at DESC
  LIMIT %(limit)s
@@ -144,13 +144,16 @@ SELECT outcome, count(*)
  GROUP BY outcome
 
 -- name: open_needs
--- The newest unresolved, unsuperseded needs (marks_needs), of one scope when given.
+-- Open needs among the newest `window` need marks not resolved (marks_needs, walked
+-- backwards), of one scope when given: those a later mark supersedes (the originals of
+-- resolved needs) are dropped after the walk.
 SELECT m.id, m.agent_id, m.scope, m.created_at, m.initial_strength, m.priority, m.blocking,
        m.body
-  FROM agentpost.marks m
- WHERE m.space = %(space)s AND m.mark_type = 'need' AND m.resolved_by IS NULL
-   AND (%(scope)s::text IS NULL OR m.scope = %(scope)s)
-   AND (SELECT true FROM agentpost.marks x
+  FROM (SELECT * FROM agentpost.marks c
+         WHERE c.space = %(space)s AND c.mark_type = 'need' AND c.resolved_by IS NULL
+           AND (%(scope)s::text IS NULL OR c.scope = %(scope)s)
+         ORDER BY c.seq DESC LIMIT %(window)s) m
+ WHERE (SELECT true FROM agentpost.marks x
          WHERE x.space = m.space AND x.supersedes = m.id LIMIT 1) IS NULL
  ORDER BY m.seq DESC
  LIMIT %(limit)s

@@ -51,13 +51,17 @@ Store = Annotated[EnvelopeStore, Depends(get_store)]
 
 PAGE = 50            # marks per page of a scope
 RECENT = 20          # newest marks on a space's default view
-LISTED = 200         # spaces, scopes, live intents listed
-NEEDS = 500          # newest open needs clustered
+LISTED = 200         # spaces listed
+INTENTS = 100        # live intents listed
+SCOPES = 100         # scopes listed
+NEEDS = 200          # newest open needs clustered
+INTENT_WINDOW = 300  # newest live intents read before dropping superseded ones
+NEED_WINDOW = 600    # newest unresolved need marks read before dropping superseded ones
 CLUSTERS = 20        # need clusters shown
 VERDICTS = 20        # latest verdicts listed
 SAMPLE = 1000        # latest verdicts counted by outcome
 SPACE_CAP = 10_000   # counts stop here ("10000+")
-SCOPE_CAP = 1_000
+SCOPE_CAP = 500
 MAX_ACTION_TEXT = 2000
 HORIZON = 7 * 86400.0  # the decay chart's longest span
 #: agent ids of people: uuid5 of their user name in this namespace (docs/ui.md)
@@ -183,9 +187,10 @@ def _mark_view(row: dict[str, Any]) -> dict[str, Any]:
 def _intents(store: EnvelopeStore, space: str, scope: str | None,
              now: float) -> list[dict[str, Any]]:
     name = "space_intents" if scope is None else "scope_intents"
-    rows = _rows(store, name, {"space": space, "scope": scope, "now": now, "limit": LISTED})
+    rows = _rows(store, name, {"space": space, "scope": scope, "now": now, "limit": INTENTS,
+                               "window": INTENT_WINDOW})
     return [{"id": str(r["id"]), "agent": str(r["agent_id"]), "resource": r["resource"],
-             "scope": r.get("scope", scope), "action": r["action"],
+             "scope": r["scope"], "action": r["action"],
              "confidence": r["confidence"], "expires_at": r["created_at"] + r["ttl"],
              "verdict": _verdict_word(r)} for r in rows]
 
@@ -210,11 +215,15 @@ def _by_resource(intents: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _needs(store: EnvelopeStore, space: str, scope: str | None) -> list[dict[str, Any]]:
     """Need clusters by effective priority (§8.4) over the newest open needs."""
-    rows = _rows(store, "open_needs", {"space": space, "scope": scope, "limit": NEEDS})
-    needs = [Need(id=r["id"], agent_id=r["agent_id"], scope=r["scope"],
-                  created_at=r["created_at"], initial_strength=r["initial_strength"],
-                  priority=r["priority"], blocking=r["blocking"],
-                  question=r["body"].get("question", ""), context=r["body"].get("context", {}))
+    rows = _rows(store, "open_needs", {"space": space, "scope": scope, "limit": NEEDS,
+                                       "window": NEED_WINDOW})
+    # stored marks were validated when written: model_construct skips doing it again
+    needs = [Need.model_construct(id=r["id"], agent_id=r["agent_id"], scope=r["scope"],
+                                  created_at=r["created_at"],
+                                  initial_strength=r["initial_strength"],
+                                  priority=r["priority"], blocking=r["blocking"],
+                                  question=r["body"].get("question", ""),
+                                  context=r["body"].get("context", {}))
              for r in rows]
     return [{"scope": c.scope, "priority": c.effective_priority, "blocking": c.blocking_count,
              "question": c.needs[0].question,
@@ -239,7 +248,7 @@ def space_view(store: EnvelopeStore, space: str, scope: str | None, before: int 
     _require_space(store, space)
     scopes = [{"scope": s, "count": int(n), "capped": int(n) >= SCOPE_CAP} for s, n in
               store.db.fetchall(QUERIES["scopes"], {"space": space, "cap": SCOPE_CAP,
-                                                    "limit": LISTED})]
+                                                    "limit": SCOPES})]
     if scope is not None and scope not in {s["scope"] for s in scopes}:
         raise NotFound(f"no marks in scope {scope!r} of space {space!r}")
     if scope is None:
