@@ -11,6 +11,8 @@ from __future__ import annotations
 import html
 import json
 import re
+import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -148,6 +150,26 @@ def test_decay_terms_are_embedded_and_give_the_same_strength(
         expected = space.strength_of(space.get(uuid.UUID(mark_id)))
         assert strength_at(terms, now + 90) == pytest.approx(expected, abs=1e-9)
     assert "function markStrength" in page and "setInterval(tick, 1000)" in page
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's script")
+def test_the_browser_formula_is_the_store_formula(web: Any, space: PostgresMarkSpace) -> None:
+    """The page's own markStrength, run by node on the embedded terms, at later clocks."""
+    _fill(space)
+    page = web.client("viewer").get(_url(space, scope="ops")).text
+    decay, now = _json(page, "mark-decay"), _render_now(page)
+    script = re.search(r"(function markStrength.*?\n})\n", page, re.S).group(1)
+    clocks = [now, now + 30, now + 3600]
+    program = (f"{script}\nconst d = {json.dumps(decay)};\n"
+               f"console.log(JSON.stringify(Object.fromEntries(Object.entries(d).map("
+               f"([k, v]) => [k, {json.dumps(clocks)}.map(t => markStrength(v, t))]))));")
+    out = subprocess.run(["node", "-e", program], capture_output=True, text=True, timeout=60,
+                         check=True)
+    for mark_id, values in json.loads(out.stdout).items():
+        mark = space.get(uuid.UUID(mark_id))
+        for clock, value in zip(clocks, values, strict=True):
+            space.set_clock(clock)
+            assert value == pytest.approx(space.strength_of(mark), abs=1e-9)
 
 
 def test_the_json_variant_carries_the_same_view(web: Any, space: PostgresMarkSpace) -> None:

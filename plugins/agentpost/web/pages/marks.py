@@ -58,6 +58,7 @@ NEEDS = 200          # newest open needs clustered
 INTENT_WINDOW = 300  # newest live intents read before dropping superseded ones
 NEED_WINDOW = 600    # newest unresolved need marks read before dropping superseded ones
 CLUSTERS = 20        # need clusters shown
+PER_CLUSTER = 5      # needs of a cluster shown (each with its resolve form)
 VERDICTS = 20        # latest verdicts listed
 SAMPLE = 1000        # latest verdicts counted by outcome
 SPACE_CAP = 10_000   # counts stop here ("10000+")
@@ -226,10 +227,10 @@ def _needs(store: EnvelopeStore, space: str, scope: str | None) -> list[dict[str
                                   context=r["body"].get("context", {}))
              for r in rows]
     return [{"scope": c.scope, "priority": c.effective_priority, "blocking": c.blocking_count,
-             "question": c.needs[0].question,
+             "question": c.needs[0].question, "size": len(c.needs),
              "needs": [{"id": str(n.id), "agent": str(n.agent_id), "question": n.question,
                         "priority": n.priority, "blocking": n.blocking,
-                        "context": dict(n.context)} for n in c.needs]}
+                        "context": dict(n.context)} for n in c.needs[:PER_CLUSTER]]}
             for c in cluster_needs(needs)[:CLUSTERS]]
 
 
