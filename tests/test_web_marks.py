@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -37,8 +38,9 @@ from agentpost.marks import (
     hours,
 )
 from agentpost.marks.postgres import PostgresMarkSpace
+from agentpost.protocol.errors import Conflict
 from agentpost.store import EnvelopeStore
-from agentpost.web.pages.marks import PEOPLE, decay_series, strength_at
+from agentpost.web.pages.marks import PEOPLE, decay_series, resolve_need, strength_at
 from web_support import airflow_web, csrf_from
 
 T0 = time.time() - 1200
@@ -384,3 +386,20 @@ def test_resolve_bad_input_changes_nothing(web: Any, space: PostgresMarkSpace,
     assert answer.status_code == code
     assert message in html.unescape(answer.text) and "Traceback" not in answer.text
     assert _mark_count(module_dsn, space.space) == before
+
+
+def test_a_need_resolved_meanwhile_rolls_the_whole_resolution_back(
+        space: PostgresMarkSpace, module_dsn: str) -> None:
+    """Someone resolves the need between the page's check and the confirmed act: the second
+    resolution's action mark is rolled back with it, and the trail gets one entry."""
+    ids = _fill(space)
+    need = {"scope": "ops", "question": "Rotate the keys?", "resource": "keys"}
+    key = os.environ["AGENTPOST_TRAIL_KEY"].encode()
+    resolve_need(module_dsn, key, space.space, ids["need"], need, "carol", "first")
+    count, entries = _mark_count(module_dsn, space.space), _trail(module_dsn, "human:carol")
+    with pytest.raises(Conflict, match="already resolved"):
+        resolve_need(module_dsn, key, space.space, ids["need"], need, "carol", "second")
+    assert _mark_count(module_dsn, space.space) == count
+    assert _trail(module_dsn, "human:carol") == entries
+    assert [b["action_taken"] for _, b in entries if b["need_id"] == str(ids["need"])] == [
+        "first"]

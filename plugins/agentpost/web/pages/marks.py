@@ -173,7 +173,9 @@ def _rows(store: EnvelopeStore, name: str, params: dict[str, Any]) -> list[dict[
 
 
 def _label(row: dict[str, Any]) -> str:
-    """What a mark is about: its resource or topic, and verb."""
+    """What a mark is about: its resource or topic, and verb; a need's question."""
+    if row["mark_type"] == "need":
+        return str((row.get("body") or {}).get("question", ""))[:200]
     what = row.get("resource") or row.get("topic") or ""
     return f"{row['action']} {what}".strip() if row.get("action") else what
 
