@@ -4,8 +4,11 @@
 
 -- A scope's marks, newest first, paged by seq (write order). marks_scope starts with
 -- (space, scope) too, but its order is (mark_type, fades_at): listing a scope by it would
--- sort every mark of the scope.
-CREATE INDEX marks_scope_recent ON agentpost.marks (space, scope, seq);
+-- sort every mark of the scope. The scope is indexed as a one-element array, which only the
+-- pages' queries compare (ARRAY[scope] = ARRAY[...]), as 0007 does for (scope, resource): on
+-- a plain (space, scope, seq) the planner would also take this index for the store's reads
+-- of a scope (mark_read), which need marks_scope to skip faded marks in the index.
+CREATE INDEX marks_scope_recent ON agentpost.marks (space, (ARRAY[scope]), seq);
 
 -- The latest verdicts of a space (and the outcome counts over them), newest boundary first.
 -- The primary key starts with the space but orders by (scope, resource, agent_id).
@@ -44,6 +47,7 @@ BEGIN
                                        ORDER BY m.created_at LIMIT p_cap) c);
     END IF;
     RETURN (SELECT count(*) FROM (SELECT 1 FROM agentpost.marks m
-                                   WHERE m.space = p_space AND m.scope = p_scope
+                                   WHERE m.space = p_space
+                                     AND ARRAY[m.scope] = ARRAY[p_scope]
                                    ORDER BY m.seq LIMIT p_cap) c);
 END $$;

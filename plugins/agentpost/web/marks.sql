@@ -21,7 +21,8 @@ SELECT s.space,
 SELECT EXISTS (SELECT 1 FROM agentpost.marks WHERE space = %(space)s)
 
 -- name: scopes
--- The scopes of a space, loosely scanned on marks_scope_recent, with capped counts.
+-- The scopes of a space, loosely scanned on marks_scope (one probe per scope), with capped
+-- counts.
 WITH RECURSIVE s(scope) AS (
     (SELECT m.scope FROM agentpost.marks m WHERE m.space = %(space)s
       ORDER BY m.scope LIMIT 1)
@@ -50,7 +51,8 @@ SELECT m.id, m.seq, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_st
                                         %(now)s, m.half_life, m.ttl,
                                         m.resolved_by IS NOT NULL, m.source),
            %(now)s) s
- WHERE m.space = %(space)s AND m.scope = %(scope)s AND m.seq < %(before)s
+ WHERE m.space = %(space)s AND ARRAY[m.scope] = ARRAY[%(scope)s::text]
+   AND m.seq < %(before)s
  ORDER BY m.seq DESC
  LIMIT %(limit)s
 
