@@ -348,8 +348,11 @@ def test_resolve_a_need_end_to_end(web: Any, space: PostgresMarkSpace,
     action = space.get(copy.resolved_by)
     person = uuid.uuid5(PEOPLE, "user")
     assert (action.mark_type.value, action.agent_id, action.resource, action.action) == (
-        "action", person, "keys", "resolve_need")
-    assert dict(action.result) == {"action_taken": text, "need_id": str(need), "by": "user"}
+        "action", person, None, "resolve_need")
+    assert dict(action.result) == {"action_taken": text, "need_id": str(need), "by": "user",
+                                   "about": "keys"}
+    # answering a need claims nothing: the guard does not see the person holding "keys"
+    assert space.claims("ops", "keys") == []
     entries = _trail(module_dsn, "human:user")
     event, body = entries[-1]
     assert event == "need_resolved_by_human"

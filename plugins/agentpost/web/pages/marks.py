@@ -380,8 +380,9 @@ def resolve_need(dsn: str, key: bytes, space: str, need_id: UUID, need: dict[str
         try:
             with marks.lock(need["scope"], f"need:{need_id}"):
                 action_id = marks.write(agent, Action(
-                    scope=need["scope"], resource=need["resource"], action=RESOLVE_VERB,
-                    result={"action_taken": text, "need_id": str(need_id), "by": user}))
+                    scope=need["scope"], resource=None, action=RESOLVE_VERB,
+                    result={"action_taken": text, "need_id": str(need_id), "by": user,
+                            "about": need["resource"]}))
                 resolution_id = marks.resolve(need_id, action_id)
                 body = {"originator": user, "space": space, "scope": need["scope"],
                         "need_id": str(need_id), "question": need["question"],
@@ -415,6 +416,6 @@ async def resolve_page(request: Request, user: Actor, store: Store, need_id: str
         request, title="resolve a need", fields={**fields, "space": name},
         summary=[("space", name), ("scope", need["scope"]), ("need", str(ident)),
                  ("question", need["question"]), ("action taken", text),
-                 ("action mark", f"{RESOLVE_VERB} on {need['resource'] or '(no resource)'}"
+                 ("action mark", f"{RESOLVE_VERB} about {need['resource'] or '(no resource)'}"
                                  f" as human:{person}")],
         back="/marks?" + urlencode({"space": name, "scope": need["scope"]}), act=act)
