@@ -24,6 +24,12 @@ async def form_fields(request: Request) -> dict[str, str]:
             if isinstance(v, str) and k not in (CSRF_FIELD, "confirm")}
 
 
+def _same_target(request: Request) -> str:
+    """The posted URL again, query string included (some actions name their space there)."""
+    query = request.url.query
+    return request.url.path + ("?" + query if query else "")
+
+
 async def confirm_then(request: Request, *, title: str, fields: Mapping[str, str],
                        summary: list[tuple[str, Any]], back: str,
                        act: Callable[[], str]) -> Response:
@@ -32,7 +38,7 @@ async def confirm_then(request: Request, *, title: str, fields: Mapping[str, str
     form = await request.form()
     if form.get("confirm") != "yes":
         return page(request, "confirm.html", action_title=title, summary=summary,
-                    fields=list(fields.items()), action_url=str(request.url.path),
+                    fields=list(fields.items()), action_url=_same_target(request),
                     back_url=root(request) + back)
     target = await asyncio.to_thread(act)
     sep = "&" if "?" in target else "?"
