@@ -207,7 +207,8 @@ def test_dag_test_writes_the_links_and_the_rest_api_serves_them(
 
 
 #: the tasks whose link is followed to the page, and what that page must show
-FOLLOWED = {"command": lambda result: result["xcoms"]["command"]["command_id"]}
+FOLLOWED = {"command": lambda result: result["xcoms"]["command"]["command_id"],
+            "need": lambda result: result["xcoms"]["need"]["return_value"]}
 
 
 def _desk(store: EnvelopeStore) -> None:
