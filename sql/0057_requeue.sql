@@ -9,7 +9,7 @@
 -- compares the row with this entry from now on (the envelope_gaps query lists the event).
 -- The entries of the dead-lettering stay: the trail is append-only.
 
-CREATE INDEX envelopes_reply ON agentpost.envelopes (in_reply_to)
+CREATE INDEX envelopes_reply ON agentpost.envelopes (in_reply_to, seq)
     WHERE in_reply_to IS NOT NULL;
 
 CREATE FUNCTION agentpost.requeue(p_ws text, p_id text, p_user text) RETURNS jsonb
