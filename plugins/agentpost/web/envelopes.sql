@@ -3,31 +3,41 @@
 
 -- name: entries
 -- The trail entries of one envelope in trail order, each with its chain predecessor (the
--- unique index (chain, chain_seq)), every column the per-entry check covers.
+-- unique index (chain, chain_seq), one probe per entry), every column the per-entry check
+-- covers.
+WITH mine AS MATERIALIZED (  -- (a fence: read through trail_envelope, never by id order)
+    SELECT t.* FROM agentpost.trail t WHERE t.envelope_id = %(id)s
+)
 SELECT t.id, t.chain, t.chain_seq, t.event, t.envelope_id,
        (extract(epoch FROM t.at) * 1000000)::bigint, t.record, t.prev_hash, t.hash, t.mac,
        t.at,
-       p.id, p.chain, p.chain_seq, p.event, p.envelope_id,
-       (extract(epoch FROM p.at) * 1000000)::bigint, p.record, p.prev_hash, p.hash, p.mac
-  FROM agentpost.trail t
-  LEFT JOIN agentpost.trail p ON p.chain = t.chain AND p.chain_seq = t.chain_seq - 1
- WHERE t.envelope_id = %(id)s
+       p.*
+  FROM (SELECT * FROM mine ORDER BY id LIMIT %(limit)s) t
+  LEFT JOIN LATERAL (
+        SELECT b.id, b.chain, b.chain_seq, b.event, b.envelope_id,
+               (extract(epoch FROM b.at) * 1000000)::bigint, b.record, b.prev_hash, b.hash,
+               b.mac
+          FROM agentpost.trail b
+         WHERE b.chain = t.chain AND b.chain_seq = t.chain_seq - 1
+        OFFSET 0) p ON true
  ORDER BY t.id
- LIMIT %(limit)s
 
 -- name: ancestors
--- in_reply_to up to the root (nearest first), one primary-key probe per step, at most
--- %(limit)s steps (a cycle cannot loop: ids are assigned at creation, but the cap holds).
+-- in_reply_to up to the root (nearest first), one primary-key probe per step (a scalar
+-- subquery, so no plan can read the reply index whole; OFFSET 0 keeps the last look-up a
+-- probe per row, never a join over the table), at most %(limit)s steps.
 WITH RECURSIVE up(id, depth) AS (
-    SELECT e.in_reply_to, 1 FROM agentpost.envelopes e
-     WHERE e.id = %(id)s AND e.in_reply_to IS NOT NULL
+    SELECT (SELECT e.in_reply_to FROM agentpost.envelopes e WHERE e.id = %(id)s), 1
     UNION ALL
-    SELECT e.in_reply_to, up.depth + 1
-      FROM up JOIN agentpost.envelopes e ON e.id = up.id
-     WHERE e.in_reply_to IS NOT NULL AND up.depth < %(limit)s
+    SELECT (SELECT e.in_reply_to FROM agentpost.envelopes e WHERE e.id = up.id), up.depth + 1
+      FROM up
+     WHERE up.id IS NOT NULL AND up.depth < %(limit)s
 )
 SELECT up.id, e.sender, e.recipient, e.type, e.created_at, e.id IS NOT NULL
-  FROM up LEFT JOIN agentpost.envelopes e ON e.id = up.id
+  FROM up
+  LEFT JOIN LATERAL (SELECT x.id, x.sender, x.recipient, x.type, x.created_at
+                       FROM agentpost.envelopes x WHERE x.id = up.id OFFSET 0) e ON true
+ WHERE up.id IS NOT NULL
  ORDER BY up.depth
 
 -- name: replies
