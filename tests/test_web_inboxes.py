@@ -65,7 +65,7 @@ def dead_letter(st: EnvelopeStore, ws: str) -> str:
 
 def row_cells(page: str, ws: str) -> dict[str, str]:
     """The overview's cells of inbox `ws`, by class name."""
-    row = re.search(r'<tr data-inbox="%s">(.*?)</tr>' % re.escape(ws), page, re.S)
+    row = re.search(rf'<tr data-inbox="{re.escape(ws)}">(.*?)</tr>', page, re.S)
     assert row, f"no row for {ws}"
     return {cls: html.unescape(text) for cls, text in
             re.findall(r'<td class="num ([\w-]+)">(.*?)</td>', row.group(1), re.S)}
@@ -80,7 +80,7 @@ def expected_cells(st: EnvelopeStore, ws: str) -> dict[str, str]:
 
 
 def table_ids(page: str, table: str) -> list[str]:
-    body = re.search(r'<table id="%s">(.*?)</table>' % table, page, re.S)
+    body = re.search(rf'<table id="{table}">(.*?)</table>', page, re.S)
     assert body, f"no table {table}"
     return re.findall(r'<tr data-envelope="([^"]+)">', body.group(1))
 
