@@ -10,6 +10,7 @@ never show a value differently.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Any
@@ -196,7 +197,7 @@ async def inject(request: Request, ws: Ws, user: Actor, store: Store) -> Respons
     the user; WACP §9: no send right or matrix row, but type and structure are validated).
     A rejected envelope is recorded like any other; the envelope page shows its reason."""
     fields = inject_fields(await form_fields(request))
-    store.workspace(ws)
+    await asyncio.to_thread(store.workspace, ws)  # unknown inbox: 404 before confirming
     name = user_name(user)
 
     def act() -> str:
@@ -217,7 +218,7 @@ async def requeue(request: Request, ws: Ws, envelope_id: EnvelopeId, user: Actor
                   store: Store) -> Response:
     """Give a dead letter back to its inbox, leasable with a fresh redelivery count; the
     trail records the person who did it."""
-    envelope = store.get(envelope_id)
+    envelope = await asyncio.to_thread(store.get, envelope_id)
     if envelope.to != ws or envelope.status is not Status.UNDELIVERABLE:
         raise Conflict(f"envelope {envelope_id!r} is not a dead letter of the inbox {ws!r}; "
                        "only dead letters can be requeued")
