@@ -134,6 +134,28 @@ def test_overview_json_and_a_new_inbox_shows_up(web, st):
     assert cells == expected_cells(st, "ov-new")
 
 
+def test_overview_pages_through_many_inboxes(web, st):
+    """A page holds PAGE inboxes by id (each reads its stats sample, so the page bounds the
+    cost); the next page starts after the last one shown, and the JSON pages alike."""
+    from agentpost.web.pages.inboxes import PAGE
+
+    names = [worker(st, f"zz-{i:03d}") for i in range(PAGE + 3)]
+    client = web.client("viewer")
+    first = client.get("/agentpost/", params={"after": "zz-"}).text
+    shown = re.findall(r'<tr data-inbox="([^"]+)">', first)
+    assert shown == names[:PAGE]
+    link = re.search(r'id="next-page" href="/agentpost/\?after=([^"]+)"', first)
+    assert link and link[1] == names[PAGE - 1]
+    second = client.get("/agentpost/", params={"after": link[1]}).text
+    assert re.findall(r'<tr data-inbox="([^"]+)">', second) == names[PAGE:]
+    assert 'id="next-page"' not in second
+    body = client.get("/agentpost/api/inboxes", params={"after": names[PAGE - 1]}).json()
+    assert [r["workspace_id"] for r in body["inboxes"]] == names[PAGE:]
+    assert body["next_after"] is None
+    too_long = client.get("/agentpost/api/inboxes", params={"after": "x" * 10_000})
+    assert too_long.status_code == 400 and "after" in too_long.json()["error"]["message"]
+
+
 def test_anonymous_is_refused(web):
     assert web.client(None).get("/agentpost/").status_code == 401
     assert web.client(None).get("/agentpost/api/inboxes").status_code == 401

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response
 
 from agentpost.protocol.errors import Conflict, InvalidInput
@@ -34,9 +34,10 @@ Q = load_queries("agentpost.web", "inboxes.sql")
 Store = Annotated[EnvelopeStore, Depends(get_store)]
 Ws = Annotated[str, Path(max_length=MAX_ID, description="workspace id")]
 EnvelopeId = Annotated[str, Path(max_length=MAX_ID, description="envelope id")]
+After = Annotated[str, Query(max_length=MAX_ID, description="list inboxes after this id")]
 
-#: inboxes listed on the overview, envelopes listed per table
-MAX_INBOXES = 500
+#: inboxes per page of the overview (each reads its stats sample), envelopes per table
+PAGE = 25
 MAX_ROWS = 100
 #: the throughput chart looks at this many of an inbox's most recent deliveries
 THROUGHPUT_SAMPLE = 10_000
@@ -84,10 +85,11 @@ def cells(depth: Any, in_flight: Any, oldest: datetime | None, rate_in: Any, rat
 
 # -- reads -----------------------------------------------------------------------------------
 
-def overview(store: EnvelopeStore) -> list[dict[str, Any]]:
-    """Every inbox (up to MAX_INBOXES, by id) with its cells."""
+def overview(store: EnvelopeStore, after: str = "") -> list[dict[str, Any]]:
+    """A page of inboxes (PAGE + 1, to tell whether there is a next page) by id after
+    `after`, with their cells."""
     rows = store.db.fetchall(Q["overview"], {"sample": STATS_SAMPLE, "window_s": STATS_WINDOW_S,
-                                             "limit": MAX_INBOXES})
+                                             "after": after, "limit": PAGE + 1})
     return [{"workspace_id": ws, "state": state,
              "cells": cells(depth, in_flight, oldest, rate_in, rate_out, p50, p95, dead),
              "oldest": oldest}
@@ -141,15 +143,18 @@ def _json_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # -- pages -----------------------------------------------------------------------------------
 
 @router.get("/")
-def index(request: Request, store: Store) -> Response:
-    """The overview of every inbox, refreshed live from /api/inboxes."""
-    return page(request, "inboxes.html", nav="inboxes", inboxes=overview(store),
-                limit=MAX_INBOXES)
+def index(request: Request, store: Store, after: After = "") -> Response:
+    """The overview of the inboxes, a page at a time, refreshed live from /api/inboxes."""
+    rows = overview(store, after)
+    return page(request, "inboxes.html", nav="inboxes", inboxes=rows[:PAGE], after=after,
+                next_after=rows[PAGE - 1]["workspace_id"] if len(rows) > PAGE else None)
 
 
 @router.get("/api/inboxes")
-def api_inboxes(store: Store) -> dict[str, Any]:
-    return {"inboxes": _json_rows(overview(store))}
+def api_inboxes(store: Store, after: After = "") -> dict[str, Any]:
+    rows = overview(store, after)
+    return {"inboxes": _json_rows(rows[:PAGE]),
+            "next_after": rows[PAGE - 1]["workspace_id"] if len(rows) > PAGE else None}
 
 
 @router.get("/inboxes/{ws}")
