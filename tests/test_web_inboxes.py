@@ -367,3 +367,23 @@ def test_store_requeue_checks_in_the_database(st):
         st.requeue(ws, dead, "alice")
     with pytest.raises(NotFound):
         st.requeue(ws, "nope", "alice")
+
+
+def test_a_requeued_blocking_dead_letter_closes_the_gate_again(st):
+    """A blocking envelope requeued waits in its inbox like a delivered one (WACP §6,
+    blocking priority): sends queue behind it, and its ack reopens the inbox."""
+    ws = worker(st, "rq-e")
+    [gate] = send(st, ws, 1, prefix="gate", priority="blocking")
+    for _ in range(4):
+        [lease] = st.lease(ws, 1, 60)
+        st.nack(lease.token)
+    assert st.get(gate).status is Status.UNDELIVERABLE
+    st.requeue(ws, gate, "alice")
+    behind = st.send(BOSS, ws, "directive", "behind the gate")
+    assert behind.status is Status.VALIDATED  # queued, not delivered
+    assert [e.id for e in st.inbox(ws)] == [gate]
+    [lease] = st.lease(ws, 5, 60)
+    assert lease.envelope.id == gate
+    st.ack(lease.token)
+    assert st.get(behind.envelope_id).status is Status.ACKNOWLEDGED
+    assert st.leasable(ws) == 1
