@@ -176,6 +176,8 @@ def test_lookup_redirects_and_bad_ids_are_clear_4xx(web, st):
     found = client.get("/agentpost/envelopes", params={"id": eid})
     assert found.status_code == 303 and found.headers["location"] == f"/agentpost/envelopes/{eid}"
     assert client.get("/agentpost/envelopes").status_code == 400
+    blank = client.get("/agentpost/envelopes", params={"id": "  "})
+    assert blank.status_code == 400 and "give an envelope id" in blank.text
     missing = client.get("/agentpost/envelopes/no-such-envelope")
     assert missing.status_code == 404
     assert "unknown envelope" in html.unescape(missing.text)

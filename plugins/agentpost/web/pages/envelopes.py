@@ -17,6 +17,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
+from agentpost.protocol.errors import InvalidInput
 from agentpost.protocol.models import Envelope
 from agentpost.protocol.trail import ChainCheck, StoredEntry
 from agentpost.protocol.validation import MAX_ID
@@ -156,6 +157,8 @@ def envelope_json(envelope: Envelope) -> dict[str, Any]:
 def lookup(request: Request, id: Annotated[str, Query(min_length=1, max_length=MAX_ID)]
            ) -> Response:
     """The header's look-up box: to the envelope's page."""
+    if not id.strip():
+        raise InvalidInput("id: give an envelope id")
     return RedirectResponse(f"{root(request)}/envelopes/{quote(id.strip(), safe='')}",
                             status_code=303)
 
