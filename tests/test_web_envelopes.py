@@ -188,4 +188,6 @@ def test_lookup_redirects_and_bad_ids_are_clear_4xx(web, st):
         assert absurd.status_code in (400, 404), absurd.status_code
         assert "Traceback" not in absurd.text and "psycopg" not in absurd.text
     assert client.get("/agentpost/envelopes", params={"id": "x" * 10_000}).status_code == 400
+    nul = client.get("/agentpost/envelopes/a%00b")
+    assert nul.status_code == 400 and "Traceback" not in nul.text
     assert web.client(None).get(f"/agentpost/envelopes/{eid}").status_code == 401

@@ -210,6 +210,8 @@ def test_unknown_or_absurd_inbox_is_a_clear_4xx(web):
     assert missing.status_code == 404 and "unknown workspace" in missing.text
     api = client.get("/agentpost/api/inboxes/no-such-inbox")
     assert api.status_code == 404 and "unknown workspace" in api.json()["error"]["message"]
+    nul = client.get("/agentpost/inboxes/a%00b")
+    assert nul.status_code == 400 and "Traceback" not in nul.text
     for path in ("/agentpost/inboxes/", "/agentpost/api/inboxes/"):
         absurd = client.get(path + "x" * 10_000)
         assert absurd.status_code in (400, 404), absurd.status_code

@@ -11,6 +11,7 @@ never show a value differently.
 from __future__ import annotations
 
 import asyncio
+from bisect import bisect_left
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Any
@@ -117,8 +118,7 @@ def latency_histogram(store: EnvelopeStore, ws: str) -> dict[str, Any]:
     """Enqueue → first lease of the recent sample, counted in LATENCY_EDGES_MS buckets."""
     counts = [0] * (len(LATENCY_EDGES_MS) + 1)
     for (ms,) in store.db.fetchall(Q["latencies"], {"ws": ws, "sample": STATS_SAMPLE}):
-        counts[next((i for i, edge in enumerate(LATENCY_EDGES_MS) if ms <= edge),
-                    len(LATENCY_EDGES_MS))] += 1
+        counts[bisect_left(LATENCY_EDGES_MS, ms)] += 1  # the first bucket whose edge >= ms
     labels = [f"≤{e} ms" for e in LATENCY_EDGES_MS] + [f">{LATENCY_EDGES_MS[-1]} ms"]
     return {"x": list(range(len(counts))), "labels": labels, "counts": counts}
 
