@@ -202,6 +202,9 @@ def test_inbox_json_lists_waiting_in_processing_order(web, st):
     assert [e["id"] for e in body["waiting"]] == [urgent, *normal]
     assert body["stats"]["depth"] == 3 and body["cells"]["depth"] == "3"
     assert body["waiting"][0]["priority"] == "urgent"
+    page = web.client("viewer").get(f"/agentpost/inboxes/{ws}").text
+    assert table_ids(page, "waiting") == [urgent, *normal]
+    assert table_ids(page, "dead-letters") == [] and 'id="no-dead-letters"' in page
 
 
 def test_unknown_or_absurd_inbox_is_a_clear_4xx(web):
