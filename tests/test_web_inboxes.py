@@ -336,6 +336,12 @@ def test_requeue_end_to_end(web, st):
     assert st.verify_trail().ok
     page = user.get(done.headers["location"])
     assert eid not in table_ids(page.text, "dead-letters")
+    shown = user.get(f"/agentpost/envelopes/{eid}").text
+    steps = re.findall(r'<li data-event="(\w+)"', shown)
+    assert steps.index("envelope_undeliverable") < steps.index("envelope_requeued") \
+        < len(steps) - 1 and steps[-1] == "envelope_consumed"
+    assert "<strong>requeued</strong>" in shown and "· by user" in shown
+    assert 'data-verified="no"' not in shown
 
 
 def test_requeue_refusals(web, st):
