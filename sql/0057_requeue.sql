@@ -1,13 +1,15 @@
--- The human highway's requeue of a dead letter (WACP §9; Courier §6.3 dead letters), and the
--- index the envelope page's thread needs.
+-- The human highway's requeue of a dead letter (an envelope undeliverable after WACP §7's
+-- bounded redelivery of Courier §6.3's leases), and the index the envelope page's thread
+-- needs.
 --
 -- A dead letter (status undeliverable after exhausting its redeliveries, once delivered) is
 -- made leasable again by a person: in one transaction the row goes back to its inbox
 -- (status acknowledged, no reason, a fresh redelivery count, at the tail of its level) and
 -- an `envelope_requeued` entry in the inbox's chain records who did it (origin human,
--- originator the user) and signs the row as it leaves it (sql/0017), so verify_trail()
--- compares the row with this entry from now on (the envelope_gaps query lists the event).
--- The entries of the dead-lettering stay: the trail is append-only.
+-- originator the user, as WACP §3 has human-highway work carry them; ids only, no payload,
+-- as WACP §10 wants of trail entries) and signs the row as it leaves it (sql/0017), so
+-- verify_trail() compares the row with this entry from now on (the envelope_gaps query
+-- lists the event). The entries of the dead-lettering stay: the trail is append-only.
 
 CREATE INDEX envelopes_reply ON agentpost.envelopes (in_reply_to, seq)
     WHERE in_reply_to IS NOT NULL;

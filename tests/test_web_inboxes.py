@@ -1,8 +1,8 @@
 """The inboxes pages of the agentpost UI (issue 13), in a real Airflow API app over a real
 store: the overview (the app's index) and its JSON, one inbox's page and its JSON, and the
-human highway's inject (WACP §9) and dead-letter requeue (Courier §6.3) with their confirm
-step, roles and CSRF. Data is written through the store's API; numbers on the page are
-compared with `stats()`, rows with the database.
+human highway's inject (WACP §3 origin and originator) and dead-letter requeue (WACP §7)
+with their confirm step, roles and CSRF. Data is written through the store's API; numbers on
+the page are compared with `stats()`, rows with the database.
 """
 
 from __future__ import annotations
@@ -264,9 +264,9 @@ def test_inject_end_to_end(web, st, module_dsn):
 
 
 def test_rejected_inject_shows_its_reason(web, st):
-    """A type the registry does not know is rejected by the runtime (WACP §9 validates
-    type and structure for the human highway too): the user lands on the rejected
-    envelope's page with the reason, not on a 500."""
+    """A type the registry does not know is rejected by the runtime (type and structure are
+    validated for the human highway too; the reason is one of WACP §9's): the user lands
+    on the rejected envelope's page with the reason, not on a 500."""
     ws = worker(st, "inj-b")
     user = web.client("user")
     done = _inject(user, ws, web.csrf("user"), type="no_such_type", confirm="yes")

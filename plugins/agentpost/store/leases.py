@@ -138,7 +138,8 @@ class LeaseOps:
         return [self._envelope_row(r) for r in rows]
 
     def requeue(self, workspace_id: str, envelope_id: str, user_id: str) -> dict[str, Any]:
-        """The human highway's second chance for a dead letter (WACP §9): in one transaction
+        """The human highway's second chance for a dead letter (WACP §3 origin/originator):
+        in one transaction
         the envelope becomes leasable again in its inbox (fresh redelivery count, tail of its
         level) and an `envelope_requeued` entry records `user_id` as originator. NotFound
         for an unknown envelope; Conflict when it is not a dead letter of `workspace_id`."""

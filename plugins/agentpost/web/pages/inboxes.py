@@ -1,6 +1,7 @@
 """The inboxes: the overview (the app's index, live), one inbox's page (stats, charts, waiting
 envelopes, dead letters, live), and two human-highway actions on it: inject an envelope
-(WACP §9) and requeue a dead letter (Courier §6.3).
+(the human highway: origin and originator of WACP §3) and requeue a dead letter (WACP §7
+bounded redelivery, over Courier §6.3's leases).
 
 Numbers are Courier's stats (§10) as `EnvelopeStore.stats` computes them; the overview reads
 every inbox's in one statement (inboxes.sql) rather than one query per inbox. Cells are
@@ -199,7 +200,8 @@ def inject_fields(fields: dict[str, str]) -> dict[str, str]:
 @router.post("/inboxes/{ws}/inject")
 async def inject(request: Request, ws: Ws, user: Actor, store: Store) -> Response:
     """Send an envelope into this inbox as the signed-in person (origin human, originator
-    the user; WACP §9: no send right or matrix row, but type and structure are validated).
+    the user, WACP §3; no send right or matrix row, but type and structure are validated,
+    and a rejection carries its WACP §9 reason).
     A rejected envelope is recorded like any other; the envelope page shows its reason."""
     fields = inject_fields(await form_fields(request))
     await asyncio.to_thread(store.workspace, ws)  # unknown inbox: 404 before confirming
