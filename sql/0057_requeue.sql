@@ -9,7 +9,8 @@
 -- originator the user, as WACP §3 has human-highway work carry them; ids only, no payload,
 -- as WACP §10 wants of trail entries) and signs the row as it leaves it (sql/0017), so
 -- verify_trail() compares the row with this entry from now on (the envelope_gaps query
--- lists the event). The entries of the dead-lettering stay: the trail is append-only.
+-- lists the event). The entries of the dead-lettering stay: the trail is append-only. A
+-- sealed or terminal inbox (integrating, closed, failed) takes nothing back.
 
 CREATE INDEX envelopes_reply ON agentpost.envelopes (in_reply_to, seq)
     WHERE in_reply_to IS NOT NULL;
@@ -20,6 +21,7 @@ SET enable_seqscan = off
 AS $$
 DECLARE
     v_ws text;
+    v_state text;
     e record;
     v_row jsonb;
     v_rank smallint;
@@ -33,6 +35,12 @@ BEGIN
             'envelope %L belongs to the inbox %L, not %L', p_id, v_ws, p_ws));
     END IF;
     PERFORM agentpost._lock_parties(ARRAY[v_ws], ARRAY[p_id]);
+    -- (under the inbox's chain lock, which a transition takes too)
+    SELECT w.state INTO v_state FROM agentpost.workspaces w WHERE w.id = v_ws;
+    IF v_state IN ('integrating', 'closed', 'failed') THEN
+        PERFORM agentpost._fail('AP409', format(
+            'the inbox %L is %s: nothing can be delivered to it any more', v_ws, v_state));
+    END IF;
     SELECT x.status, x.reason, x.delivered_at, x.consumed_at INTO e
       FROM agentpost.envelopes x WHERE x.id = p_id
        FOR UPDATE;

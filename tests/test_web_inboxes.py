@@ -378,6 +378,12 @@ def test_store_requeue_checks_in_the_database(st):
         st.requeue(ws, dead, "alice")
     with pytest.raises(NotFound):
         st.requeue(ws, "nope", "alice")
+    sealed = worker(st, "rq-f")
+    dead = dead_letter(st, sealed)
+    st.transition(sealed, "closed")
+    with pytest.raises(Conflict, match="is closed: nothing can be delivered"):
+        st.requeue(sealed, dead, "alice")
+    assert st.get(dead).status is Status.UNDELIVERABLE
 
 
 def test_a_requeued_blocking_dead_letter_closes_the_gate_again(st):
