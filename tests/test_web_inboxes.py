@@ -132,6 +132,9 @@ def test_overview_json_and_a_new_inbox_shows_up(web, st):
     cells = dict(new["cells"])
     cells.pop("oldest")
     assert cells == expected_cells(st, "ov-new")
+    send(st, "ov-new", 1, prefix="later")
+    again = {r["workspace_id"]: r for r in client.get("/agentpost/api/inboxes").json()["inboxes"]}
+    assert again["ov-new"]["cells"]["depth"] == "3"
 
 
 def test_overview_pages_through_many_inboxes(web, st):
