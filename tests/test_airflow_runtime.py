@@ -16,6 +16,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
@@ -111,7 +112,24 @@ def _run_the_example(runtime: AirflowRuntime, dsn: str) -> list[psutil.Process]:
         assert views["card.charge"].confirmed_by == "human:dana"
         _event_driven(client, store)
         assert store.verify_trail().ok
+        _the_agentpost_page(client, runtime, views["card.charge"].command_id)
     return runtime.processes()
+
+
+def _the_agentpost_page(client: AirflowClient, runtime: AirflowRuntime,
+                        command_id: str) -> None:
+    """Under standalone the plugin is loaded from its entry point, listed with its menu
+    entry, and serves the page from the store of the `agentpost_default` connection."""
+    [plugin] = [p for p in client.request("GET", "/plugins")["plugins"]
+                if p["name"] == "agentpost"]
+    assert [(v["href"], v["destination"], v["category"]) for v in plugin["external_views"]] \
+        == [("/agentpost/", "nav", "browse")]
+    assert httpx.get(runtime.url + "/agentpost/", timeout=30).status_code == 401
+    index = client.page("/agentpost/")
+    assert index.status_code == 200 and 'id="inboxes"' in index.text, index.text[:500]
+    command = client.page(f"/agentpost/commands/{command_id}")
+    assert command.status_code == 200, command.text[:500]
+    assert 'data-state="executed"' in command.text
 
 
 def _event_driven(client: AirflowClient, store: EnvelopeStore) -> None:

@@ -161,6 +161,13 @@ class AirflowClient:
             raise AirflowError(f"login failed ({response.status_code}): {response.text[:200]}")
         return response.json()["access_token"]
 
+    def page(self, path: str) -> httpx.Response:
+        """A signed-in GET of a path outside the REST API (the agentpost page at
+        ``/agentpost/...``), answered as it is, errors included."""
+        if self._token is None:
+            self._token = self._login()
+        return self._http.get(path, headers={"Authorization": f"Bearer {self._token}"})
+
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """An authenticated call to ``/api/v2{path}``; a token that expired is renewed once."""
         for attempt in (1, 2):

@@ -18,6 +18,7 @@ from agentpost.protocol.errors import InvalidInput
 from agentpost.protocol.leases import Lease, make_token, split_token
 from agentpost.protocol.models import Envelope
 from agentpost.store.checks import count as _count
+from agentpost.store.checks import name as _name
 from agentpost.store.checks import ref as _ref
 from agentpost.store.db import Database
 from agentpost.store.queries import QUERIES
@@ -135,3 +136,13 @@ class LeaseOps:
         rows = self.db.fetchall(QUERIES["dead_letters"],
                                 {"ws": _ref(workspace_id, "workspace id"), "limit": limit})
         return [self._envelope_row(r) for r in rows]
+
+    def requeue(self, workspace_id: str, envelope_id: str, user_id: str) -> dict[str, Any]:
+        """The human highway's second chance for a dead letter (WACP §3 origin/originator):
+        in one transaction
+        the envelope becomes leasable again in its inbox (fresh redelivery count, tail of its
+        level) and an `envelope_requeued` entry records `user_id` as originator. NotFound
+        for an unknown envelope; Conflict when it is not a dead letter of `workspace_id`."""
+        return self.db.scalar("SELECT agentpost.requeue(%s, %s, %s)",
+                              (_ref(workspace_id, "workspace id"),
+                               _ref(envelope_id, "envelope id"), _name(user_id, "user id")))

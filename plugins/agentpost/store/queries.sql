@@ -120,7 +120,8 @@ SELECT coalesce(last.chain, born.chain), e.id, d.field, d.in_row, d.signed, d.en
                         AND t.event IN ('envelope_created', 'envelope_rejected',
                                         'envelope_delivered', 'envelope_delivery_failed',
                                         'envelope_undeliverable', 'envelope_leased',
-                                        'lease_nacked', 'lease_expired', 'envelope_consumed')
+                                        'lease_nacked', 'lease_expired', 'envelope_consumed',
+                                        'envelope_requeued')
                       ORDER BY t.id DESC
                       LIMIT 1) last ON true
   LEFT JOIN LATERAL (SELECT t.chain, t.chain_seq, t.event,
