@@ -207,8 +207,10 @@ def test_dag_test_writes_the_links_and_the_rest_api_serves_them(
 
 
 #: the tasks whose link is followed to the page, and what that page must show
-FOLLOWED = {"command": lambda result: result["xcoms"]["command"]["command_id"],
-            "need": lambda result: result["xcoms"]["need"]["return_value"]}
+FOLLOWED = {"send": lambda result: result["xcoms"]["send"]["return_value"],
+            "command": lambda result: result["xcoms"]["command"]["command_id"],
+            "need": lambda result: result["xcoms"]["need"]["return_value"],
+            "reply": lambda result: result["xcoms"]["reply"]["return_value"]["id"]}
 
 
 def _desk(store: EnvelopeStore) -> None:
