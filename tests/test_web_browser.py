@@ -152,12 +152,15 @@ def _group_alive(pgid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def output_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def output_dir(request: pytest.FixtureRequest,
+               tmp_path_factory: pytest.TempPathFactory) -> Path:
     where = os.environ.get("AGENTPOST_TEST_OUTPUT")
     folder = (Path(where) / "browser" if where
               else tmp_path_factory.mktemp("browser"))
     folder.mkdir(parents=True, exist_ok=True)
-    print(f"\nbrowser screenshots: {folder}")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled():  # shown even when output is captured
+        print(f"\nbrowser screenshots: {folder}")
     return folder
 
 
