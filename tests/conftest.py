@@ -10,6 +10,8 @@
 - ``pg`` (function): a plain autocommit connection to ``dsn``'s database.
 - ``store`` (function): an EnvelopeStore on ``dsn`` with a short acknowledgment timeout
   (0.2 s), closed afterwards.
+- ``web`` (module): the agentpost page in Airflow's API app on ``module_dsn``'s store
+  (tests/web_support.py).
 
 Database names carry the process id and a random suffix, so concurrent runs against one
 server don't collide.
@@ -171,3 +173,11 @@ def pg(dsn: str) -> Iterator[Any]:
 def store(dsn: str) -> Iterator[EnvelopeStore]:
     with EnvelopeStore(dsn, ack_timeout=0.2) as s:
         yield s
+
+
+@pytest.fixture(scope="module")
+def web(module_dsn: str) -> Iterator[Any]:
+    from web_support import airflow_web
+
+    with airflow_web(module_dsn) as page:
+        yield page

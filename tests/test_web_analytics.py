@@ -13,16 +13,10 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from web_support import Web, airflow_web
+from web_support import Web
 
 T0 = datetime(2026, 11, 24, 10, 0, tzinfo=UTC)
 HOUR = timedelta(hours=1)
-
-
-@pytest.fixture(scope="module")
-def web(module_dsn: str) -> Iterator[Web]:
-    with airflow_web(module_dsn) as web:
-        yield web
 
 
 class Db:

@@ -10,14 +10,13 @@ from its entry point) and a real store.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 from fastapi.routing import APIRoute, APIWebSocketRoute
 from starlette.routing import Mount
 
 from agentpost.store import EnvelopeStore
-from web_support import airflow_web, plugin_app
+from web_support import plugin_app
 
 PREFIX = "/agentpost"
 GATEWAY = ["/v1/enqueue", "/v1/snapshot", "/v1/stats"]
@@ -35,12 +34,6 @@ def page_routes() -> list[tuple[str, str]]:
             for method in sorted(route.methods - {"HEAD"}):
                 out.append((method, _concrete(route.path)))
     return out
-
-
-@pytest.fixture(scope="module")
-def web(module_dsn: str) -> Iterator:
-    with airflow_web(module_dsn) as w:
-        yield w
 
 
 def test_the_app_has_pages_posts_and_the_gateway() -> None:

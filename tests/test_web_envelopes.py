@@ -14,15 +14,8 @@ import pytest
 from agentpost.protocol.models import Status
 from agentpost.store import EnvelopeStore
 from dbtools import query
-from web_support import airflow_web
 
 BOSS = "ev-boss"
-
-
-@pytest.fixture(scope="module")
-def web(module_dsn: str) -> Iterator:
-    with airflow_web(module_dsn) as w:
-        yield w
 
 
 @pytest.fixture(scope="module")

@@ -18,15 +18,8 @@ from agentpost.protocol.models import Origin, Status
 from agentpost.store import EnvelopeStore
 from agentpost.web.pages.inboxes import millis, number
 from dbtools import query
-from web_support import airflow_web
 
 BOSS = "ib-boss"
-
-
-@pytest.fixture(scope="module")
-def web(module_dsn: str) -> Iterator:
-    with airflow_web(module_dsn) as w:
-        yield w
 
 
 @pytest.fixture(scope="module")

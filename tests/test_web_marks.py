@@ -41,7 +41,7 @@ from agentpost.marks.postgres import PostgresMarkSpace
 from agentpost.protocol.errors import Conflict
 from agentpost.store import EnvelopeStore
 from agentpost.web.pages.marks import PEOPLE, decay_series, resolve_need, strength_at
-from web_support import airflow_web, csrf_from
+from web_support import csrf_from
 
 T0 = time.time() - 1200
 SCOPES = [Scope(name="ops", decay=DecayConfig(observation_half_life=600,
@@ -51,12 +51,6 @@ SCOPES = [Scope(name="ops", decay=DecayConfig(observation_half_life=600,
 ALL = ["intent", "action", "observation", "warning", "need"]
 ALICE = Agent(name="alice", scopes={"ops": ALL, "lot": ALL})
 BOB = Agent(name="bob", scopes={"ops": ALL, "lot": ALL})
-
-
-@pytest.fixture(scope="module")
-def web(module_dsn: str) -> Iterator[Any]:
-    with airflow_web(module_dsn) as w:
-        yield w
 
 
 @pytest.fixture
