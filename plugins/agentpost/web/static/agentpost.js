@@ -29,7 +29,8 @@ const agentpost = (() => {
   }
 
   /* A uPlot chart in `el` from columns [xs, ys...]; `series` names the ys.
-     `opts.bars` draws bars; x is unix seconds unless `opts.time === false`. */
+     `opts.bars` draws bars; x is unix seconds unless `opts.time === false`;
+     `opts.xticks` names the x positions 0, 1, 2... (categories such as histogram buckets). */
   function chart(el, title, data, series, opts = {}) {
     if (typeof uPlot === "undefined" || !el) return null;
     const colours = ["#0b6bcb", "#cf222e", "#1a7f37", "#9a6700", "#8250df"];
@@ -42,8 +43,19 @@ const agentpost = (() => {
     const width = Math.max(320, Math.min(el.clientWidth || 640, 900));
     return new uPlot({title, width, height: opts.height || 220, series: s,
                       scales: {x: {time: opts.time !== false}},
-                      axes: [{label: opts.xlabel || ""}, {label: opts.ylabel || ""}]},
+                      axes: [xAxis(opts), {label: opts.ylabel || ""}]},
                      data, el);
+  }
+
+  function xAxis(opts) {
+    const axis = {label: opts.xlabel || ""};
+    if (opts.xticks) {
+      axis.splits = () => opts.xticks.map((_, i) => i);
+      axis.values = () => opts.xticks;
+      axis.rotate = -30;
+      axis.size = 60;
+    }
+    return axis;
   }
 
   function text(id, value) {
