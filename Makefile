@@ -30,7 +30,7 @@ test: venv
 	sh docker/ensure-compose-tool.sh
 	# tests/test_web_browser.py drives headless Chromium: installed here when missing
 	sh tests/ensure-browser.sh
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 lint: venv
 	$(BIN)/ruff check .
