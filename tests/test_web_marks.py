@@ -272,7 +272,7 @@ def _render_now_mark(page: str) -> float:
     ("/agentpost/marks?space={s}&scope=ops&before=0", 400, "before"),
     ("/agentpost/marks?space={s}&scope=ops&before=x", 400, "before"),
     ("/agentpost/marks/not-a-uuid?space={s}", 400, "not a mark id"),
-    (f"/agentpost/marks/{uuid.uuid4()}?space={{s}}", 404, "no mark"),
+    ("/agentpost/marks/5f0c2a6e-4b1d-4c8e-9a3f-2d7e8b1c0a94?space={s}", 404, "no mark"),
     ("/agentpost/marks/{obs}?space=other", 404, "no mark"),
     ("/agentpost/marks/{obs}", 400, "space"),
 ])
