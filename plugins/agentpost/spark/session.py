@@ -1,0 +1,48 @@
+"""The Spark session of a job: the JDBC driver on its class path, UTC, quiet consoles.
+
+Under spark-submit the master, the resources and any `--jars` come from the submission; the
+driver jar is added to them if missing. In-process (tests, `agentpost spark ...`) the master
+is `master` (default `local[*]`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from agentpost.spark.settings import SparkSettings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def spark_session(app_name: str, settings: SparkSettings, *,
+                  master: str | None = None) -> SparkSession:
+    """A session for `app_name` that can read the store over JDBC."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.sql import SparkSession
+
+    jar = settings.require_jar()
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        # under spark-submit: its JVM runs, SparkConf() holds the submission's settings
+        SparkContext._ensure_initialized()
+        conf = SparkConf()
+    else:
+        # in-process: the JVM starts with the builder's settings (the driver jar must be on
+        # the class path at launch, not added later)
+        conf = SparkConf(loadDefaults=False)
+    jars = [j for j in (conf.get("spark.jars") or "").split(",") if j]
+    builder = SparkSession.builder.appName(app_name)
+    if not conf.contains("spark.master"):
+        builder = builder.master(master or "local[*]")
+    if not any(j.endswith("postgresql.jar") or "postgresql" in j.rsplit("/", 1)[-1]
+               for j in jars):
+        builder = (builder.config("spark.jars", ",".join([*jars, jar]))
+                   .config("spark.driver.extraClassPath", jar))
+    builder = (builder.config("spark.sql.session.timeZone", "UTC")
+               .config("spark.ui.showConsoleProgress", "false"))
+    if not conf.contains("spark.ui.enabled"):
+        builder = builder.config("spark.ui.enabled", "false")
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
