@@ -1,12 +1,13 @@
 """What a Spark job over the trail needs to know, from the environment or its arguments.
 
-| variable | meaning | default |
-|---|---|---|
-| AGENTPOST_DSN | the store's Postgres DSN | none |
-| AGENTPOST_TRAIL_KEY | the trail's HMAC key (the audit checks signatures with it) | the development key |
-| AGENTPOST_JDBC_JAR | the PostgreSQL JDBC driver jar | /usr/share/java/postgresql.jar (Debian's libpostgresql-jdbc-java) |
-| AGENTPOST_SPARK_PARTITIONS | JDBC partitions of a large read (0: two per core Spark has) | 0 |
-| AGENTPOST_TRAIL_ARCHIVE | the directory of the trail's Parquet export (none: read everything from Postgres) | none |
+- AGENTPOST_DSN: the store's Postgres DSN (no default).
+- AGENTPOST_TRAIL_KEY: the trail's HMAC key; the audit checks signatures with it.
+- AGENTPOST_JDBC_JAR: the PostgreSQL JDBC driver jar; default /usr/share/java/postgresql.jar,
+  from Debian's libpostgresql-jdbc-java.
+- AGENTPOST_SPARK_PARTITIONS: JDBC partitions of a large read; 0 (default) means two per
+  core Spark has.
+- AGENTPOST_TRAIL_ARCHIVE: the directory of the trail's Parquet export; none (default) means
+  everything is read from Postgres.
 """
 
 from __future__ import annotations
