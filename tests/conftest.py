@@ -181,3 +181,18 @@ def web(module_dsn: str) -> Iterator[Any]:
 
     with airflow_web(module_dsn) as page:
         yield page
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A local Spark session (two cores) with the JDBC driver, shared by a worker's tests;
+    stopped at the end (its JVM with it)."""
+    from agentpost.spark.session import spark_session
+    from agentpost.spark.settings import SparkSettings
+
+    settings = SparkSettings(dsn="postgresql://localhost/unused")
+    session = spark_session("agentpost-tests", settings, master="local[2]")
+    try:
+        yield session
+    finally:
+        session.stop()
