@@ -1,0 +1,5 @@
+import sys
+
+from agentpost.spark.audit import main
+
+sys.exit(main())
