@@ -96,11 +96,9 @@ def list_commands(store: EnvelopeStore, workspace: str | None, state: str | None
         if row is None:
             raise InvalidInput(f"after: no command {after!r} to page from")
         after_at, after_id = row
-    name = "list" + ("_workspace" if workspace else "") + ("_state" if state else "")
-    name = "list_all" if name == "list" else name
-    rows = store.db.fetchall(Q[name], {"workspace": workspace, "state": state,
-                                       "after_at": after_at, "after_id": after_id,
-                                       "limit": limit + 1})
+    rows = store.db.fetchall(Q["list"], {"workspace": workspace, "state": state,
+                                         "after_at": after_at, "after_id": after_id,
+                                         "limit": limit + 1})
     items = [dict(zip(("command_id", "kind", "workspace", "action", "state", "reason",
                        "target_command_id", "created_at", "last_transition_at"), r,
                       strict=True)) for r in rows[:limit]]
