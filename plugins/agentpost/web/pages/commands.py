@@ -29,12 +29,11 @@ from agentpost.store.commands import CommandLedger
 from agentpost.store.queries import load_queries
 from agentpost.web import actions
 from agentpost.web.auth import Actor, require_viewer, user_name
-from agentpost.web.context import get_store
+from agentpost.web.context import Store
 from agentpost.web.render import page
 
 router = APIRouter(dependencies=[Depends(require_viewer)])
 Q = load_queries("agentpost.web", "commands.sql")
-Store = Annotated[EnvelopeStore, Depends(get_store)]
 
 PAGE_SIZE = 50
 MAX_PAGE = 200

@@ -42,12 +42,11 @@ from agentpost.store import EnvelopeStore
 from agentpost.store.queries import load_queries
 from agentpost.web.actions import confirm_then, form_fields
 from agentpost.web.auth import Actor, require_viewer, user_name
-from agentpost.web.context import get_store, web_context
+from agentpost.web.context import Store, web_context
 from agentpost.web.render import page
 
 router = APIRouter(dependencies=[Depends(require_viewer)])
 QUERIES = load_queries("agentpost.web", "marks.sql")
-Store = Annotated[EnvelopeStore, Depends(get_store)]
 
 PAGE = 50            # marks per page of a scope
 RECENT = 20          # newest marks on a space's default view
