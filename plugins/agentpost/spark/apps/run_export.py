@@ -1,0 +1,5 @@
+import sys
+
+from agentpost.spark.export import main
+
+sys.exit(main())
