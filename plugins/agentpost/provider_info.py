@@ -20,7 +20,7 @@ HOOK_MODULES = ["agentpost.hooks.agentpost"]
 OPERATOR_MODULES = ["agentpost.operators.commands", "agentpost.operators.common",
                     "agentpost.operators.envelopes", "agentpost.operators.leases",
                     "agentpost.operators.marks", "agentpost.operators.sagas",
-                    "agentpost.operators.setup"]
+                    "agentpost.operators.setup", "agentpost.operators.spark"]
 SENSOR_MODULES = ["agentpost.operators.sensors"]
 TRIGGER_MODULES = ["agentpost.triggers.commands", "agentpost.triggers.events",
                    "agentpost.triggers.inbox", "agentpost.triggers.needs",
