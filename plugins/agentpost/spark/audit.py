@@ -46,6 +46,10 @@ _ENVELOPES = ("SELECT e.id, e.seq, e.status, e.sender, e.recipient, "
               "e.delivered_at IS NOT NULL AS delivered, e.consumed_at IS NOT NULL AS consumed, "
               "agentpost._envelope_row(e, true)::text AS now FROM agentpost.envelopes e")
 _COMMANDS = "SELECT c.id, c.state FROM agentpost.commands c"
+_SHUFFLE = "spark.sql.shuffle.partitions"
+#: entries per shuffle partition, and the most partitions, unless settings.partitions says
+SHUFFLE_ROWS = 200_000
+MAX_SHUFFLE = 2_000
 #: the pseudo-check that counts delivered_once's pending envelopes
 PENDING = "delivered_once.pending"
 _ROUTES = ("SELECT r.id, r.envelope_id, r.current, r.end_actor, r.phase "
@@ -108,18 +112,27 @@ def run_audit(spark: SparkSession, settings: SparkSettings, *,
         trail = snap.trail().persist(StorageLevel.MEMORY_AND_DISK)
         envelopes = snap.table(_ENVELOPES, partition_column="seq").persist(
             StorageLevel.MEMORY_AND_DISK)
+        shuffle = spark.conf.get(_SHUFFLE)
         try:
             entries = trail.count()
             envelopes.count()
+            spark.conf.set(_SHUFFLE, str(shuffle_partitions(entries, settings)))
             checks = _run_checks(trail, envelopes, snap, settings.key, entries, first)
             checks["checkpoint_anchors"] = _anchors(spark, trail, loaded, first)
         finally:
+            spark.conf.set(_SHUFFLE, shuffle)
             trail.unpersist()
             envelopes.unpersist()
         taken_at = snap.taken_at
     ordered = {name: checks[name] for name in CHECKS}
     return AuditReport(ok=all(c.failed == 0 for c in ordered.values()), started_at=started,
                        taken_at=taken_at, entries=entries, checks=ordered)
+
+
+def shuffle_partitions(entries: int, settings: SparkSettings) -> int:
+    """The audit's shuffle partitions: the configured number, else one per SHUFFLE_ROWS
+    entries (Spark's default of 200 costs seconds of empty tasks on a small trail)."""
+    return settings.partitions or max(1, min(MAX_SHUFFLE, -(-entries // SHUFFLE_ROWS)))
 
 
 def _run_checks(trail: DataFrame, envelopes: DataFrame, snap: Snapshot, key: bytes,
