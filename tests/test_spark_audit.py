@@ -83,6 +83,9 @@ def _seed(store: EnvelopeStore, ids: dict[str, str]) -> None:
         (lease,) = [x for x in store.lease(b, max=4) if x.envelope_id == dead]
         store.nack(lease.token)
     assert store.get(dead).status == "undeliverable"
+    # a person requeues the dead letter: delivered once, dead-lettered once, back in the inbox
+    store.requeue(b, dead, "alice")
+    assert store.get(dead).status == "acknowledged"
     # queued, then sealed: undeliverable without a delivery; queued still: pending
     q, sealed = _pair(store, "queue")
     store.transition(sealed, "suspended")
