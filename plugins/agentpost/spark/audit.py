@@ -47,6 +47,7 @@ _ENVELOPES = ("SELECT e.id, e.seq, e.status, e.sender, e.recipient, "
               "agentpost._envelope_row(e, true)::text AS now FROM agentpost.envelopes e")
 _COMMANDS = "SELECT c.id, c.state FROM agentpost.commands c"
 _SHUFFLE = "spark.sql.shuffle.partitions"
+_ADAPTIVE = "spark.sql.adaptive.enabled"
 #: entries per shuffle partition, and the most partitions, unless settings.partitions says
 SHUFFLE_ROWS = 200_000
 MAX_SHUFFLE = 2_000
@@ -112,15 +113,21 @@ def run_audit(spark: SparkSession, settings: SparkSettings, *,
         trail = snap.trail().persist(StorageLevel.MEMORY_AND_DISK)
         envelopes = snap.table(_ENVELOPES, partition_column="seq").persist(
             StorageLevel.MEMORY_AND_DISK)
-        shuffle = spark.conf.get(_SHUFFLE)
+        saved = {name: spark.conf.get(name) for name in (_SHUFFLE, _ADAPTIVE)}
         try:
             entries = trail.count()
             envelopes.count()
-            spark.conf.set(_SHUFFLE, str(shuffle_partitions(entries, settings)))
+            partitions = shuffle_partitions(entries, settings)
+            spark.conf.set(_SHUFFLE, str(partitions))
+            if partitions == 1:
+                # nothing to coalesce or split: adaptive execution would only cut the plan
+                # into three times as many jobs, run one after another (measured)
+                spark.conf.set(_ADAPTIVE, "false")
             checks = _run_checks(trail, envelopes, snap, settings.key, entries, first)
             checks["checkpoint_anchors"] = _anchors(spark, trail, loaded, first)
         finally:
-            spark.conf.set(_SHUFFLE, shuffle)
+            for name, value in saved.items():
+                spark.conf.set(name, value)
             trail.unpersist()
             envelopes.unpersist()
         taken_at = snap.taken_at
