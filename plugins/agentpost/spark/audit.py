@@ -46,6 +46,9 @@ _ENVELOPES = ("SELECT e.id, e.seq, e.status, e.sender, e.recipient, "
               "e.delivered_at IS NOT NULL AS delivered, e.consumed_at IS NOT NULL AS consumed, "
               "agentpost._envelope_row(e, true)::text AS now FROM agentpost.envelopes e")
 _COMMANDS = "SELECT c.id, c.state FROM agentpost.commands c"
+#: offenders named per check at most (Spark limits a row_number filter up to 1,000 in each
+#: partition before the shuffle: spark.sql.optimizer.windowGroupLimitThreshold)
+MAX_FIRST = 1_000
 _SHUFFLE = "spark.sql.shuffle.partitions"
 _ADAPTIVE = "spark.sql.adaptive.enabled"
 #: entries per shuffle partition, and the most partitions, unless settings.partitions says
@@ -104,8 +107,8 @@ def run_audit(spark: SparkSession, settings: SparkSettings, *,
     """Audit the store of `settings` in one snapshot. `checkpoints` are loaded and their
     signatures verified with the trail key before anything is read (InvalidAnchor)."""
     loaded = [load(c, settings.key) for c in checkpoints]
-    if first < 0:
-        raise InvalidInput("first must be 0 or more")
+    if not 0 <= first <= MAX_FIRST:
+        raise InvalidInput(f"first must be from 0 to {MAX_FIRST}")
     started = datetime.now(UTC)
     from pyspark import StorageLevel
 
@@ -174,31 +177,28 @@ def _run_checks(trail: DataFrame, envelopes: DataFrame, snap: Snapshot, key: byt
 
 def _collect(found: Sequence[Found], first: int
              ) -> tuple[dict[str, int], dict[str, int], dict[str, list[str]]]:
-    """Every check's items checked, offenders and first offenders, in one Spark job: the
-    checked items and the offenders of all checks in one union, counted per check over a
-    window, only the first `first` offenders per check (and one row per check) collected."""
+    """Every check's items checked and offenders, counted in one Spark job (partial
+    aggregation, so no check's rows meet in one task); then, only if a check failed, the
+    first `first` offenders of each in a second (a row_number filter, which Spark limits
+    in each partition before the shuffle)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    parts = [f.bad.select("check", "ord", "oid", F.lit(True).alias("bad")) for f in found]
-    parts += [f.checked.select(F.lit(f.names[0]).alias("check"),
-                               F.lit(None).cast("bigint").alias("ord"),
-                               F.lit(None).cast("string").alias("oid"),
-                               F.lit(False).alias("bad"))
-              for f in found if f.checked is not None]
-    rows = _union(parts)
-    per_check = Window.partitionBy("check")
-    ranked = rows.select(
-        "check", "oid", "bad",
-        F.sum(F.col("bad").cast("int")).over(per_check).alias("failed"),
-        F.sum((~F.col("bad")).cast("int")).over(per_check).alias("checked"),
-        F.row_number().over(per_check.orderBy(F.desc("bad"), "ord", "oid")).alias("k"))
-    counts: dict[str, int] = {}
-    failed: dict[str, int] = {}
+    bad = _union(f.bad.select("check", "ord", "oid") for f in found)
+    rows = _union([bad.select("check", F.lit(True).alias("bad")),
+                   *[f.checked.select(F.lit(f.names[0]).alias("check"),
+                                      F.lit(False).alias("bad"))
+                     for f in found if f.checked is not None]])
+    totals = rows.groupBy("check").agg(
+        F.sum((~F.col("bad")).cast("long")).alias("checked"),
+        F.sum(F.col("bad").cast("long")).alias("failed")).collect()
+    counts = {r["check"]: r["checked"] for r in totals}
+    failed = {r["check"]: r["failed"] for r in totals if r["failed"]}
     firsts: dict[str, list[tuple[int, str]]] = {}
-    for r in ranked.where((F.col("k") <= first) | (F.col("k") == 1)).collect():
-        counts[r["check"]], failed[r["check"]] = r["checked"], r["failed"]
-        if r["bad"] and r["k"] <= first:
+    if failed and first > 0:
+        ranked = bad.select("check", "oid", F.row_number().over(
+            Window.partitionBy("check").orderBy("ord", "oid")).alias("k"))
+        for r in ranked.where(F.col("k") <= first).collect():
             firsts.setdefault(r["check"], []).append((r["k"], r["oid"]))
     return counts, failed, {c: [oid for _, oid in sorted(v)] for c, v in firsts.items()}
 
@@ -256,8 +256,8 @@ def _count(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 0 <= value <= 10_000:
-        raise argparse.ArgumentTypeError("must be from 0 to 10000")
+    if not 0 <= value <= MAX_FIRST:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {MAX_FIRST}")
     return value
 
 
