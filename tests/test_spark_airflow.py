@@ -40,6 +40,9 @@ def test_the_operator_submits_the_jobs_file_with_the_driver_jar_and_a_name() -> 
         assert op.application == application(job) and Path(op.application).is_file()
         assert op.name == f"agentpost-trail-{job}"
         assert op.jars.endswith("postgresql.jar") and op.job == job
+        assert [link.name for link in op.operator_extra_links] == ["Trail analytics"]
+        assert op.operator_extra_links[0].get_link(op, ti_key=None).endswith(
+            "/agentpost/analytics")
     with pytest.raises(ValueError, match="unknown Spark job"):
         TrailJobOperator(task_id="x", job="nosuchjob")
 
