@@ -1,0 +1,323 @@
+"""The audit's checks, each a Spark plan over the trail and the rows beside it.
+
+Every check returns a `Found`: the items it checked (one row each) and the offending ones
+(`ord`, a number that orders them, and `oid`, the id the report names: an entry id, an
+envelope id, a command id or a route id). Everything per row is Spark SQL built-ins (no
+Python UDFs), so executors on a cluster need only the JDBC driver, not agentpost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pyspark.sql import Column, Window
+from pyspark.sql import functions as F
+
+from agentpost.protocol.commands import ALLOWED, CommandState
+from agentpost.protocol.trail import GENESIS, key_pads
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+#: the fields of a record the entry_columns check compares with the columns
+RECORD_SCHEMA = "chain string, seq bigint, event string, envelope_id string, at_us bigint"
+#: events that change an envelope's row and sign it (sql/0017, sql/0057)
+LIFECYCLE = ("envelope_created", "envelope_rejected", "envelope_delivered",
+             "envelope_delivery_failed", "envelope_undeliverable", "envelope_leased",
+             "lease_nacked", "lease_expired", "envelope_consumed", "envelope_requeued")
+BIRTH = ("envelope_created", "envelope_rejected")
+ARROW = "→"
+#: a command's first transition starts here (SMCL S0, never stored as a row state)
+COMMAND_START = CommandState.RECEIVED.value
+ALLOWED_TRANSITIONS = tuple(sorted(f"{a.value}{ARROW}{b.value}" for a, b in ALLOWED))
+REACHED = (CommandState.EXECUTED.value, CommandState.FAILED.value)
+
+
+@dataclass(frozen=True)
+class Found:
+    """A check's plan: `checked` has a row per item checked (None: every entry), `bad` a row
+    (check, ord, oid) per offender."""
+
+    names: tuple[str, ...]
+    checked: DataFrame | None
+    bad: DataFrame
+
+
+def _found(name: str, checked: DataFrame, frame: DataFrame, ord_col: Column | str,
+           oid: Column | str) -> Found:
+    return Found((name,), checked, _bad(frame, ord_col, oid, F.lit(name)))
+
+
+def _bad(frame: DataFrame, ord_col: Column | str, oid: Column | str,
+         check: Column | str | None = None) -> DataFrame:
+    ord_c = F.col(ord_col) if isinstance(ord_col, str) else ord_col
+    oid_c = F.col(oid) if isinstance(oid, str) else oid
+    check_c = F.col(check) if isinstance(check, str) else check
+    return frame.select(check_c.alias("check") if check_c is not None
+                        else F.lit(None).cast("string").alias("check"),
+                        ord_c.cast("bigint").alias("ord"), oid_c.cast("string").alias("oid"))
+
+
+def _body(field: str) -> Column:
+    return F.get_json_object("record", f"$.body.{field}")
+
+
+# -- entries -----------------------------------------------------------------------------
+
+def entry_checks(trail: DataFrame, key: bytes) -> Found:
+    """entry_hash, entry_signature, entry_columns, chain_sequence, chain_links: every entry
+    as `protocol.trail.ChainCheck` checks it, each entry on its own (a failure does not hide
+    the rest of its chain)."""
+    ipad, opad = key_pads(key)
+    inner = F.unhex(F.sha2(F.concat(_binary(ipad), F.col("hash")), 256))
+    mac = F.unhex(F.sha2(F.concat(_binary(opad), inner), 256))
+    digest = F.unhex(F.sha2(F.concat(F.col("prev_hash"), F.encode("record", "UTF-8")), 256))
+    rec = F.from_json("record", RECORD_SCHEMA)
+    columns_ok = (F.json_object_keys("record").isNotNull()
+                  & rec["chain"].eqNullSafe(F.col("chain"))
+                  & rec["seq"].eqNullSafe(F.col("chain_seq"))
+                  & rec["event"].eqNullSafe(F.col("event"))
+                  & rec["envelope_id"].eqNullSafe(F.col("envelope_id"))
+                  & rec["at_us"].eqNullSafe(F.col("at_us")))
+    order = Window.partitionBy("chain").orderBy("chain_seq", "id")
+    flags = {
+        "entry_hash": digest.eqNullSafe(F.col("hash")),
+        "entry_signature": mac.eqNullSafe(F.col("mac")),
+        "entry_columns": columns_ok,
+        "chain_sequence": F.col("chain_seq")
+        == F.coalesce(F.lag("chain_seq").over(order), F.lit(0)) + 1,
+        "chain_links": F.col("prev_hash").eqNullSafe(
+            F.coalesce(F.lag("hash").over(order), _binary(GENESIS))),
+    }
+    failing = F.filter(F.array(*[F.when(~F.coalesce(ok, F.lit(False)), F.lit(name))
+                                 for name, ok in flags.items()]), lambda c: c.isNotNull())
+    marked = trail.select("id", failing.alias("failing")).where(F.size("failing") > 0)
+    bad = _bad(marked.select("id", F.explode("failing").alias("check")), "id", "id", "check")
+    return Found(tuple(flags), None, bad)
+
+
+def _binary(value: bytes) -> Column:
+    """A binary literal (the key's pads, the genesis hash)."""
+    return F.unhex(F.lit(value.hex()))
+
+
+# -- envelopes -----------------------------------------------------------------------------
+
+def _per_envelope(trail: DataFrame, event: str, prefix: str) -> DataFrame:
+    return (trail.where(F.col("event") == event).groupBy("envelope_id")
+            .agg(F.count("*").alias(f"{prefix}_n"), F.min("id").alias(f"{prefix}_id"),
+                 F.min_by("chain", "id").alias(f"{prefix}_chain"),
+                 F.min_by("chain_seq", "id").alias(f"{prefix}_seq")))
+
+
+def delivered_once(trail: DataFrame, envelopes: DataFrame) -> tuple[Found, DataFrame]:
+    """Every envelope_created has exactly one delivery outcome (WACP §7): one
+    envelope_delivered, or never delivered and one envelope_undeliverable. A delivered
+    envelope may be dead-lettered later (Courier §6.3: envelope_undeliverable after its
+    delivery, again after a requeue); an outcome before the delivery, a second delivery or
+    an outcome without a creation fails. Never delivered and no outcome: pending when its
+    row is still queued (validated, no delivered_at), else a failure. Returns the check and
+    the pending envelopes."""
+    created = _per_envelope(trail, "envelope_created", "c")
+    delivered = _per_envelope(trail, "envelope_delivered", "d")
+    undeliverable = _per_envelope(trail, "envelope_undeliverable", "u")
+    rows = envelopes.select(F.col("id").alias("envelope_id"), "status", "delivered")
+    joined = (created.join(delivered, "envelope_id", "full")
+              .join(undeliverable, "envelope_id", "full")
+              .join(rows, "envelope_id", "left")
+              .na.fill(0, ["c_n", "d_n", "u_n"]))
+    silent = (F.col("d_n") == 0) & (F.col("u_n") == 0)
+    queued = (F.col("status") == "validated") & ~F.coalesce(F.col("delivered"), F.lit(True))
+    pending = joined.where((F.col("c_n") == 1) & silent & queued)
+    failing = ((F.col("c_n") != 1) | (F.col("d_n") > 1)
+               | ((F.col("d_n") == 0) & (F.col("u_n") > 1))
+               | ((F.col("d_n") == 1) & (F.col("u_n") > 0) & (F.col("u_id") < F.col("d_id")))
+               | (silent & ~queued))
+    bad = joined.where(failing)
+    ord_col = F.coalesce("c_id", "d_id", "u_id")
+    return (_found("delivered_once", created.select("envelope_id"),
+                  bad, ord_col, "envelope_id"),
+            pending.select("envelope_id"))
+
+
+def channel_order(trail: DataFrame) -> Found:
+    """WACP §4 rule 4 / §5 "Channel ordering": in each channel (the chain of the creation,
+    the sender's, and the chain of the delivery, the recipient's) the recipient-chain order
+    of envelope_delivered equals the sender-chain order of envelope_created. Envelopes with
+    both entries are compared (a missing or second delivery is delivered_once's finding)."""
+    created = _per_envelope(trail, "envelope_created", "c")
+    delivered = _per_envelope(trail, "envelope_delivered", "d")
+    pairs = created.join(delivered, "envelope_id")
+    channel = Window.partitionBy("c_chain", "d_chain")
+    ranked = pairs.select(
+        "envelope_id", "c_id",
+        F.row_number().over(channel.orderBy("c_seq", "c_id")).alias("created_rank"),
+        F.row_number().over(channel.orderBy("d_seq", "d_id")).alias("delivered_rank"))
+    bad = ranked.where(F.col("created_rank") != F.col("delivered_rank"))
+    return _found("channel_order", pairs.select("envelope_id"), bad, "c_id", "envelope_id")
+
+
+def acked_once(trail: DataFrame) -> Found:
+    """No envelope consumed twice (two envelope_consumed entries) and none acknowledged twice
+    (two signal_emitted entries with signal 'acknowledged' for it)."""
+    consumed = trail.where(F.col("event") == "envelope_consumed").select(
+        F.col("envelope_id").alias("eid"), "id", F.lit("consumed").alias("kind"))
+    acked = trail.where((F.col("event") == "signal_emitted")
+                        & (_body("signal") == "acknowledged")).select(
+        F.coalesce(F.col("envelope_id"), _body("ref")).alias("eid"), "id",
+        F.lit("acknowledged").alias("kind"))
+    counted = (consumed.unionByName(acked).groupBy("eid", "kind")
+               .agg(F.count("*").alias("n"), F.min("id").alias("first_id")))
+    bad = (counted.where(F.col("n") > 1).groupBy("eid")
+           .agg(F.min("first_id").alias("first_id")))
+    return _found("acked_once", counted.select("eid").distinct(), bad, "first_id", "eid")
+
+
+# -- commands ------------------------------------------------------------------------------
+
+def _transitions(trail: DataFrame) -> DataFrame:
+    """Every command_state_change entry of a command chain with its transition split."""
+    changes = trail.where(F.col("chain").startswith("command:")
+                          & (F.col("event") == "command_state_change"))
+    transition = _body("lifecycle.transition")
+    parts = F.split(transition, ARROW)
+    return changes.select(
+        "id", "chain", "chain_seq", transition.alias("transition"),
+        F.when(F.size(parts) == 2, parts[0]).alias("source"),
+        F.when(F.size(parts) == 2, parts[1]).alias("target"))
+
+
+def command_transitions(trail: DataFrame) -> Found:
+    """SMCL "Allowed Transitions": each command chain's state changes are allowed ones, each
+    starting where the one before ended, the first at `received` (S0)."""
+    changes = _transitions(trail)
+    order = Window.partitionBy("chain").orderBy("chain_seq", "id")
+    expected = F.coalesce(F.lag("target").over(order), F.lit(COMMAND_START))
+    marked = changes.select(
+        "id", "chain",
+        (F.coalesce(F.col("transition").isin(*ALLOWED_TRANSITIONS), F.lit(False))
+         & F.col("source").eqNullSafe(expected)).alias("ok"))
+    bad = (marked.where(~F.col("ok")).groupBy("chain").agg(F.min("id").alias("first_id")))
+    return _found("command_transitions", changes.select("chain").distinct(),
+                 bad, "first_id", _command_id("chain"))
+
+
+def _command_id(chain: str) -> Column:
+    return F.substring_index(F.col(chain), "command:", -1)
+
+
+def compensation_target(trail: DataFrame) -> Found:
+    """SMCL "Compensation Model": every command whose first entry has kind compensate
+    targets (target_command_id) a command that reached executed or failed before it."""
+    firsts = trail.where(F.col("chain").startswith("command:") & (F.col("chain_seq") == 1))
+    compensations = firsts.where(_body("kind") == "compensate").select(
+        "id", "chain", _body("target_command_id").alias("target"))
+    reached = (_transitions(trail).where(F.col("target").isin(*REACHED))
+               .groupBy("chain").agg(F.min("id").alias("reached_id"))
+               .withColumnRenamed("chain", "target_chain"))
+    joined = compensations.join(
+        reached, F.concat(F.lit("command:"), F.col("target")) == F.col("target_chain"), "left")
+    bad = joined.where(F.col("reached_id").isNull() | (F.col("reached_id") > F.col("id")))
+    return _found("compensation_target", compensations.select("chain"),
+                 bad, "id", _command_id("chain"))
+
+
+# -- rows under the trail (store/queries.sql: lifecycle_gaps, envelope_gaps, record_gaps) ---
+
+def lifecycle_entries(trail: DataFrame, envelopes: DataFrame) -> Found:
+    """The `lifecycle_gaps` rule: a row whose state says an entry must exist in a chain (its
+    creation in the sender's, its delivery and acknowledgment in the recipient's, ...) has
+    that entry; a row without it is what cutting the end off a chain leaves behind."""
+    status = F.col("status")
+    needs = [("envelope_created", "sender",
+              status.isin("validated", "acknowledged", "undeliverable")),
+             ("envelope_delivered", "recipient", status == "acknowledged"),
+             ("signal_emitted", "recipient", status == "acknowledged"),
+             ("envelope_rejected", "sender", status == "rejected"),
+             ("signal_emitted", "sender", status.isin("rejected", "undeliverable")),
+             ("envelope_undeliverable", "sender", status == "undeliverable"),
+             ("envelope_consumed", "recipient", F.col("consumed"))]
+    wanted = envelopes.select(
+        "id", "seq", F.explode(F.array(*[
+            F.struct(F.lit(event).alias("event"), F.col(party).alias("chain"),
+                     F.coalesce(cond, F.lit(False)).alias("required"))
+            for event, party, cond in needs])).alias("need"))
+    wanted = wanted.where("need.required").select("id", "seq", "need.event", "need.chain")
+    present = (trail.where(F.col("envelope_id").isNotNull())
+               .select(F.col("envelope_id").alias("id"), "event", "chain").distinct())
+    missing = wanted.join(present, ["id", "event", "chain"], "left_anti")
+    bad = missing.groupBy("id").agg(F.min("seq").alias("seq"))
+    return _found("lifecycle_entries", envelopes.select("id"), bad, "seq", "id")
+
+
+def envelope_rows(trail: DataFrame, envelopes: DataFrame) -> Found:
+    """The `envelope_gaps` rule (WACP §3 Integrity): each envelope row, as
+    `agentpost._envelope_row(e, true)` shows it now, equals field by field the `row` its last
+    lifecycle entry signed and the `row.fixed` of its creation entry."""
+    with_id = trail.where(F.col("envelope_id").isNotNull())
+    last = (with_id.where(F.col("event").isin(*LIFECYCLE)).groupBy("envelope_id")
+            .agg(F.max_by("record", "id").alias("last_record")))
+    born = (with_id.where(F.col("event").isin(*BIRTH)).groupBy("envelope_id")
+            .agg(F.min_by("record", "id").alias("born_record")))
+    as_map = "map<string,string>"
+    rows = (envelopes.join(last.withColumnRenamed("envelope_id", "id"), "id", "left")
+            .join(born.withColumnRenamed("envelope_id", "id"), "id", "left")
+            .select("id", "seq",
+                    F.from_json("now", as_map).alias("now"),
+                    F.from_json(F.get_json_object("now", "$.fixed"), as_map).alias("now_fixed"),
+                    F.map_filter(F.from_json(F.get_json_object("last_record", "$.body.row"),
+                                             as_map), lambda k, _v: k != "fixed")
+                    .alias("signed"),
+                    F.from_json(F.get_json_object("born_record", "$.body.row.fixed"), as_map)
+                    .alias("signed_fixed")))
+    moving = rows.select("id", "seq", "now", F.explode("signed").alias("field", "value")) \
+        .where(~F.col("now")[F.col("field")].eqNullSafe(F.col("value")))
+    fixed = rows.select("id", "seq", "now_fixed",
+                        F.explode("signed_fixed").alias("field", "value")) \
+        .where(~F.col("now_fixed")[F.col("field")].eqNullSafe(F.col("value")))
+    differing = moving.select("id", "seq").unionByName(fixed.select("id", "seq"))
+    bad = differing.groupBy("id").agg(F.min("seq").alias("seq"))
+    return _found("envelope_rows", envelopes.select("id"), bad, "seq", "id")
+
+
+def command_rows(trail: DataFrame, commands: DataFrame) -> Found:
+    """The `record_gaps` rule for commands: a command row's state is the target of the last
+    command_state_change in its chain."""
+    last = (_transitions(trail).groupBy("chain")
+            .agg(F.max_by(F.split("transition", ARROW)[1], "chain_seq").alias("signed"),
+                 F.min("id").alias("first_id")))
+    joined = commands.join(last, F.concat(F.lit("command:"), F.col("id")) == F.col("chain"),
+                           "left")
+    bad = joined.where(~F.col("state").eqNullSafe(F.col("signed")))
+    return _found("command_rows", commands.select("id"),
+                 bad, F.coalesce(F.col("first_id"), F.lit(0)), "id")
+
+
+def route_rows(trail: DataFrame, routes: DataFrame) -> Found:
+    """The `record_gaps` rule for routes: a route row is where the last route_progress entry
+    of its envelope left it (same route id, index, end and phase)."""
+    schema = "body struct<id string, current int, `end` string, phase string>"
+    last = (trail.where(F.col("event") == "route_progress").groupBy("envelope_id")
+            .agg(F.max_by("record", "id").alias("record"), F.max("id").alias("last_id"))
+            .select("envelope_id", "last_id", F.from_json("record", schema)["body"]
+                    .alias("b")))
+    joined = routes.join(last, "envelope_id", "left")
+    same = (F.col("b.id").eqNullSafe(F.col("id"))
+            & F.col("b.current").eqNullSafe(F.col("current"))
+            & F.col("b.end").eqNullSafe(F.col("end_actor"))
+            & F.col("b.phase").eqNullSafe(F.col("phase")))
+    bad = joined.where(~F.coalesce(same, F.lit(False)))
+    return _found("route_rows", routes.select("id"),
+                 bad, F.coalesce(F.col("last_id"), F.lit(0)), "id")
+
+
+# -- checkpoints ---------------------------------------------------------------------------
+
+def anchored_entries(trail: DataFrame, anchored: DataFrame) -> DataFrame:
+    """For each (chain, seq) of `anchored`: the hash of the chain's entry at that seq (null:
+    none) and the chain's head now (0: no entries), as the `anchored_entries` query."""
+    heads = trail.groupBy("chain").agg(F.max("chain_seq").alias("head"))
+    at_seq = trail.select("chain", F.col("chain_seq").alias("seq"), "hash")
+    return (anchored.join(at_seq, ["chain", "seq"], "left").join(heads, "chain", "left")
+            .select("chain", "seq", "hash", F.coalesce("head", F.lit(0)).alias("head")))
