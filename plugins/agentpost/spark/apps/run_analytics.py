@@ -1,0 +1,5 @@
+import sys
+
+from agentpost.spark.analytics import main
+
+sys.exit(main())
