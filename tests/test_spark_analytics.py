@@ -185,14 +185,22 @@ def _envelope_history(dsn: str) -> dict[str, UUID]:
     return {name: a.id for name, a in agents.items()}
 
 
+#: settings for tiny data (results are the same): two shuffle partitions instead of 200
+#: near-empty ones, no adaptive re-planning, no whole-stage code generation (compiling each
+#: plan costs more than running it on a few hundred rows)
+TINY = {"spark.sql.shuffle.partitions": "2", "spark.sql.adaptive.enabled": "false",
+        "spark.sql.codegen.wholeStage": "false"}
+
+
 @pytest.fixture(scope="module")
 def narrow(spark: Any) -> Iterator[Any]:
-    """The shared session with two shuffle partitions while this module runs: the data is
-    tiny, and 200 near-empty partitions per shuffle only cost scheduling time."""
-    before = spark.conf.get("spark.sql.shuffle.partitions")
-    spark.conf.set("spark.sql.shuffle.partitions", "2")
+    """The shared session with TINY's settings while this module runs."""
+    before = {k: spark.conf.get(k) for k in TINY}
+    for k, v in TINY.items():
+        spark.conf.set(k, v)
     yield spark
-    spark.conf.set("spark.sql.shuffle.partitions", before)
+    for k, v in before.items():
+        spark.conf.set(k, v)
 
 
 @pytest.fixture(scope="module")
@@ -468,9 +476,10 @@ def test_spark_submit_runs_the_app(seeded: Seeded) -> None:
     app = REPO / "plugins" / "agentpost" / "spark" / "apps" / "run_analytics.py"
     window = ["--start", "2026-01-02T00:00:00+00:00", "--end", "2026-01-02T01:00:00+00:00"]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "AGENTPOST_DSN": seeded.dsn}
+    confs = [x for k, v in TINY.items() for x in ("--conf", f"{k}={v}")]
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
-         "--jars", "/usr/share/java/postgresql.jar", str(app), *window],
+         "--jars", "/usr/share/java/postgresql.jar", *confs, str(app), *window],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         start_new_session=True)
     try:

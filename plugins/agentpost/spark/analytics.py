@@ -165,7 +165,7 @@ def _parse(trail: DataFrame) -> DataFrame:
 
 
 def _tables(src: _Sources, window: Window, options: Options) -> list[TableRows]:
-    latency = _latencies(src)
+    latency = src.keep(_latencies(src))
     frames = {
         "analytics_inbox_latency": _percentiles(latency, ["inbox"], "ms",
                                                 (0.5, 0.95, 0.99)),
