@@ -618,6 +618,9 @@ def main(argv: list[str] | None = None) -> int:
     except (InvalidInput, ConfigurationError) as exc:
         print(f"run_analytics: {exc}", file=sys.stderr)
         return 2
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
     from agentpost.spark.session import spark_session
 
     try:
@@ -626,6 +629,11 @@ def main(argv: list[str] | None = None) -> int:
     except AgentpostError as exc:
         print(f"run_analytics: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, InvalidInput | ConfigurationError) else 1
+    except (PySparkException, Py4JError) as exc:  # a JDBC read or a Spark stage failed
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(f"run_analytics: the Spark job failed, nothing written: {first}",
+              file=sys.stderr)
+        return 1
     print(f"analytics {window.start.isoformat()} .. {window.end.isoformat()}: "
           + ", ".join(f"{k} {v}" for k, v in summary.items()))
     return 0
