@@ -7,7 +7,8 @@ rejection, commands with a compensation, marks with a deferred and an immediate 
 needs resolved and open), the job run over the window around it, and every table checked
 against an independent computation in plain SQL (or Python) over the same rows. A second
 window in the past holds mark writes at chosen times for the statistical envelope
-(Markspace §9.7), cross-checked against the guard's own online envelope.
+(Markspace §9.7), computed by the real spark-submit and cross-checked against the guard's
+own online envelope. Three job runs in all (main window, past window, main window again).
 """
 
 from __future__ import annotations
@@ -222,10 +223,34 @@ def seeded(module_dsn: str, narrow: Any) -> Iterator[Seeded]:
     yield seeded
 
 
+@dataclass
+class Submitted:
+    returncode: int
+    out: str
+    err: str
+
+
 @pytest.fixture(scope="module")
-def past(seeded: Seeded, narrow: Any) -> dict[str, int]:
-    """The job over PAST (the envelope's history), run once after the main window's."""
-    return run_analytics(narrow, seeded.settings, PAST, Options())
+def past(seeded: Seeded) -> Submitted:
+    """The job over PAST (the envelope's history) as a deployment runs it: the real
+    spark-submit with apps/run_analytics.py (local[2], the JDBC jar given), after the main
+    window's run; the process group is killed if it outlives the timeout."""
+    app = REPO / "plugins" / "agentpost" / "spark" / "apps" / "run_analytics.py"
+    window = ["--start", PAST.start.isoformat(), "--end", PAST.end.isoformat()]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "AGENTPOST_DSN": seeded.dsn}
+    confs = [x for k, v in TINY.items() for x in ("--conf", f"{k}={v}")]
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
+         "--jars", "/usr/share/java/postgresql.jar", *confs, str(app), *window],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return Submitted(proc.returncode, out, err)
 
 
 def _table(s: Seeded, table: str, window: Window | None = None) -> set[tuple]:
@@ -391,11 +416,11 @@ def _online_envelope(dsn: str) -> dict[str, bool]:
 
 
 def test_statistical_envelope_flags_the_burst_not_the_steady(seeded: Seeded,
-                                                               past: dict[str, int]) -> None:
+                                                               past: Submitted) -> None:
     """Markspace §9.7 offline: `bursty` (30 writes after 8 buckets of 2) is flagged with a
     rate reason; `steady` is not; `newcomer` (40 writes in its first bucket) is not judged
     (P41, cold start: no score). The guard's online envelope agrees on every agent."""
-    assert past["analytics_agent_activity"] == 3
+    assert past.returncode == 0, past.err[-2000:]
     rows = {r[0]: r for r in _table(seeded, "analytics_agent_activity", PAST)}
     ids = {name: str(i) for name, i in seeded.envelope_agents.items()}
     bursty, steady, newcomer = rows[ids["bursty"]], rows[ids["steady"]], rows[ids["newcomer"]]
@@ -424,13 +449,12 @@ def test_every_table_of_the_window_is_filled(seeded: Seeded) -> None:
     assert runs == (1, entries) and seeded.summary["source_rows"] == entries
 
 
-def test_a_rerun_replaces_its_window_and_leaves_others(seeded: Seeded, past: dict[str, int],
+def test_a_rerun_replaces_its_window_and_leaves_others(seeded: Seeded, past: Submitted,
                                                        narrow: Any) -> None:
     """The contract of sql/0061: a run of another window (PAST) left the first window's rows
     as they were; a re-run of the first gives the same rows again and still one run row."""
     assert {t: _table(seeded, t) for t in COLUMNS} == seeded.first
-    assert past["analytics_agent_activity"] > 0 and _table(seeded, "analytics_agent_activity",
-                                                           PAST)
+    assert past.returncode == 0 and _table(seeded, "analytics_agent_activity", PAST)
     run_analytics(narrow, seeded.settings, seeded.window, Options(policies=POLICIES))
     assert {t: _table(seeded, t) for t in COLUMNS} == seeded.first
     assert _rows(seeded.dsn, "SELECT count(*) FROM agentpost.analytics_runs WHERE job = %s AND "
@@ -471,24 +495,11 @@ def test_no_dsn_exits_2(seeded: Seeded, monkeypatch: Any, capsys: Any) -> None:
     assert _runs(seeded.dsn) == before
 
 
-def test_spark_submit_runs_the_app(seeded: Seeded) -> None:
-    """apps/run_analytics.py under the real spark-submit (local[2], the JDBC jar given)."""
-    app = REPO / "plugins" / "agentpost" / "spark" / "apps" / "run_analytics.py"
-    window = ["--start", "2026-01-02T00:00:00+00:00", "--end", "2026-01-02T01:00:00+00:00"]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "AGENTPOST_DSN": seeded.dsn}
-    confs = [x for k, v in TINY.items() for x in ("--conf", f"{k}={v}")]
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
-         "--jars", "/usr/share/java/postgresql.jar", *confs, str(app), *window],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, err[-2000:]
-    assert "analytics_agent_activity 0" in out
+def test_spark_submit_runs_the_app(seeded: Seeded, past: Submitted) -> None:
+    """apps/run_analytics.py under spark-submit: exit 0, the summary printed, the window's
+    rows and its run row written."""
+    assert past.returncode == 0, past.err[-2000:]
+    assert "analytics_agent_activity 3" in past.out and "source_rows 0" in past.out
     assert _rows(seeded.dsn, "SELECT count(*) FROM agentpost.analytics_runs WHERE job = %s AND "
-                             "window_start = '2026-01-02T00:00:00+00:00'", (JOB,))[0][0] == 1
+                             "window_start = %s AND window_end = %s",
+                 (JOB, PAST.start, PAST.end))[0][0] == 1
