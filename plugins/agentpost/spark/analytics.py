@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -98,7 +98,7 @@ def run_analytics(spark: SparkSession, settings: SparkSettings, window: Window,
     with Snapshot(spark, settings) as snap:
         src = _Sources(snap, window)
         try:
-            tables = _tables(src, window, options)
+            tables = _tables(src, options)
             source_rows = src.entries.count()
         finally:
             src.release()
@@ -164,13 +164,11 @@ def _parse(trail: DataFrame) -> DataFrame:
         b.getField("row").getField("delivered_at_us").alias("delivered_us"))
 
 
-def _tables(src: _Sources, window: Window, options: Options) -> list[TableRows]:
+def _tables(src: _Sources, options: Options) -> list[TableRows]:
     latency = src.keep(_latencies(src))
     frames = {
-        "analytics_inbox_latency": _percentiles(latency, ["inbox"], "ms",
-                                                (0.5, 0.95, 0.99)),
-        "analytics_channel_latency": _percentiles(latency, ["sender", "inbox"], "ms",
-                                                  (0.5, 0.95, 0.99)),
+        "analytics_inbox_latency": _percentiles(latency, ["inbox"]),
+        "analytics_channel_latency": _percentiles(latency, ["sender", "inbox"]),
         "analytics_delivery_outcomes": _outcomes(src),
         "analytics_conflicts": _conflicts(src, options.policies),
         "analytics_needs": _needs(src),
@@ -204,17 +202,15 @@ def _latencies(src: _Sources) -> DataFrame:
         .alias("ms"))
 
 
-def _percentiles(frame: DataFrame, keys: list[str], value: str,
-                 quantiles: Sequence[float]) -> DataFrame:
-    """count and the exact percentiles (linear interpolation) of `value` per `keys`."""
+def _percentiles(latency: DataFrame, keys: list[str]) -> DataFrame:
+    """Per `keys`: envelopes delivered and the exact p50, p95, p99 of their latency
+    (`percentile`: linear interpolation between the closest ranks)."""
     from pyspark.sql import functions as F
 
-    names = {0.5: "p50", 0.95: "p95", 0.99: "p99"}
-    unit = "ms" if value == "ms" else "s"
-    p = F.percentile(value, list(quantiles))
-    return frame.groupBy(*keys).agg(F.count("*").alias("delivered"), p.alias("p")).select(
-        *keys, "delivered",
-        *[F.col("p")[i].alias(f"{names[q]}_{unit}") for i, q in enumerate(quantiles)])
+    p = F.percentile("ms", [0.5, 0.95, 0.99])
+    return latency.groupBy(*keys).agg(F.count("*").alias("delivered"), p.alias("p")).select(
+        *keys, "delivered", *[F.col("p")[i].alias(name)
+                              for i, name in enumerate(("p50_ms", "p95_ms", "p99_ms"))])
 
 
 def _outcomes(src: _Sources) -> DataFrame:
@@ -314,7 +310,8 @@ def _policy(policies: Mapping[str, ConflictPolicy]) -> Column:
 
 def _question_key(column: str) -> Column:
     """The need clustering key of the mark space (`marks.core.question_key`): the question
-    case-folded, runs of non-word characters as one space, trimmed."""
+    in lower case, runs of non-word characters (Unicode classes) as one space, trimmed.
+    Python case-folds where Spark lowers: they differ for a few letters (ß: ss)."""
     from pyspark.sql import functions as F
 
     spaced = F.regexp_replace(F.lower(F.coalesce(F.col(column), F.lit(""))), r"(?U)\W+", " ")
@@ -402,7 +399,7 @@ def _agent_events(src: _Sources) -> DataFrame:
     marks = src.marks.where(~((F.col("mark_type") == "need") & F.col("resolved_by").isNotNull())
                             ).select("agent", F.col("mark_type").alias("kind"),
                                      (F.col("created_at") * 1e6).cast("long").alias("at_us"))
-    return traffic.unionByName(commands).unionByName(marks)
+    return traffic.unionByName(commands).unionByName(marks).where(F.col("agent").isNotNull())
 
 
 def _activity(src: _Sources, rule: EnvelopeRule) -> DataFrame:
