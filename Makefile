@@ -30,6 +30,8 @@ test: venv
 	sh docker/ensure-compose-tool.sh
 	# tests/test_web_browser.py drives headless Chromium: installed here when missing
 	sh tests/ensure-browser.sh
+	# the Spark jobs read the store over JDBC: Debian's driver jar, installed here when missing
+	sh tests/ensure-jdbc-driver.sh
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 lint: venv

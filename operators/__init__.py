@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         VerdictSensor,
     )
     from agentpost.operators.setup import TopologyOperator
+    from agentpost.operators.spark import TrailJobOperator
 
 _SENSORS = "agentpost.operators.sensors"
 _WHERE = {
@@ -53,13 +54,14 @@ _WHERE = {
     "DagSaga": "agentpost.operators.sagas",
     "SagaStepOperator": "agentpost.operators.sagas",
     "TopologyOperator": "agentpost.operators.setup",
+    "TrailJobOperator": "agentpost.operators.spark",
 }
 
 __all__ = ["AckOperator", "CommandOperator", "DagSaga", "DirectiveOperator", "FeedbackOperator",
            "GuardedActionOperator", "InboxSensor", "LeaseOperator", "NackOperator",
            "NeedResolvedSensor", "QueryOperator", "ReplySensor", "SagaStepOperator",
-           "SendEnvelopeOperator", "TopologyOperator", "VerdictSensor", "WriteMarkOperator",
-           "agentpost_task"]
+           "SendEnvelopeOperator", "TopologyOperator", "TrailJobOperator", "VerdictSensor",
+           "WriteMarkOperator", "agentpost_task"]
 
 
 def __getattr__(name: str) -> Any:

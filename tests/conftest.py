@@ -40,10 +40,15 @@ from dbtools import connect
 
 # Airflow reads its configuration once, at first import: tests that import it get a throwaway
 # home (an AIRFLOW_HOME given by the caller is respected), set before any test module loads.
-if "AIRFLOW_HOME" not in os.environ:
-    _home = tempfile.mkdtemp(prefix="agentpost-airflow-home-")
+# Each pytest-xdist worker gets its own: workers inherit the controller's environment, and two
+# workers migrating one SQLite metadata database at once collide ("table ... already exists").
+_worker = os.environ.get("PYTEST_XDIST_WORKER")
+_ours = os.environ.get("AGENTPOST_TEST_AIRFLOW_HOME")
+if "AIRFLOW_HOME" not in os.environ or (_worker and _ours == os.environ["AIRFLOW_HOME"]):
+    _home = tempfile.mkdtemp(prefix=f"agentpost-airflow-home-{_worker or 'main'}-")
     atexit.register(shutil.rmtree, _home, ignore_errors=True)
     os.environ["AIRFLOW_HOME"] = _home
+    os.environ["AGENTPOST_TEST_AIRFLOW_HOME"] = _home
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 # Tests sign the trail with their own key (and so never warn about the development key).

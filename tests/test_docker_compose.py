@@ -222,6 +222,26 @@ def test_spark_master_and_worker(compose: dict) -> None:
             "spark", f"spark://{host}", port), name
 
 
+def _mounts(service: dict) -> dict[str, str]:
+    """A service's mounts, container path -> source."""
+    return {v.split(":")[1]: v.split(":")[0] for v in service.get("volumes") or ()}
+
+
+def test_spark_jobs_share_checkpoints_and_the_trail_export(compose: dict) -> None:
+    """The audit (a driver on any Airflow worker) reads the checkpoints the maintenance DAG
+    wrote on another; the export's Parquet is written and read by the Spark executors: both
+    directories are named volumes mounted where the environment says, on every Airflow
+    container and (the export) on the Spark worker."""
+    declared = set(compose.get("volumes") or ())
+    for name, service in _airflow_services(compose).items():
+        env, mounts = _environment(service), _mounts(service)
+        for var in ("AGENTPOST_CHECKPOINT_DIR", "AGENTPOST_TRAIL_ARCHIVE"):
+            assert mounts.get(env[var]) in declared, (name, var)
+    archive = _environment(compose["services"]["airflow-worker"])["AGENTPOST_TRAIL_ARCHIVE"]
+    worker = _mounts(compose["services"]["spark-worker"])
+    assert worker[archive] == _mounts(compose["services"]["airflow-worker"])[archive]
+
+
 def test_dependencies_and_ports_are_consistent(compose: dict) -> None:
     services = compose["services"]
     published = []

@@ -34,6 +34,7 @@ from typing import IO, Any
 
 from agentpost.airflow_demo_child import DSN_VAR
 from agentpost.airflow_runtime import (
+    SPARK_LOCAL,
     TERMINAL_RUN_STATES,
     AirflowClient,
     AirflowRuntime,
@@ -400,6 +401,7 @@ class ChildRunner:
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
             "AIRFLOW_CONN_AGENTPOST_DEFAULT": connection_json(self.dsn),
+            "AIRFLOW_CONN_SPARK_DEFAULT": SPARK_LOCAL,
             DSN_VAR: self.dsn,
         })
         commands_r, commands_w = os.pipe()

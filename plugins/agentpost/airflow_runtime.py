@@ -98,6 +98,11 @@ def sqlalchemy_url(dsn: str) -> str:
     return url.render_as_string(hide_password=False)
 
 
+#: the `spark_default` connection of the demo: Spark in local mode on every core (without
+#: it, SparkSubmitOperator would silently submit to YARN)
+SPARK_LOCAL = json.dumps({"conn_type": "spark", "host": "local[*]"})
+
+
 def connection_json(store_dsn: str) -> str:
     """The `agentpost_default` connection (AIRFLOW_CONN_AGENTPOST_DEFAULT) for a store DSN:
     the DSN travels whole in the extra, which the hook uses instead of the fields."""
@@ -336,6 +341,8 @@ class AirflowRuntime:
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.log_ports[0]),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.log_ports[1]),
             "AIRFLOW_CONN_AGENTPOST_DEFAULT": connection_json(self.store_dsn),
+            # the Spark jobs over the trail (dags/agentpost_trail_jobs.py) in local mode
+            "AIRFLOW_CONN_SPARK_DEFAULT": SPARK_LOCAL,
             "NO_COLOR": "1",
         })
         env.update(self.extra_env)

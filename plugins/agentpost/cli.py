@@ -218,6 +218,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_benchmark(args.suite, dsn=args.dsn, scale=args.scale, large=args.large)
 
 
+def cmd_spark(args: argparse.Namespace) -> int:
+    """A Spark job in this process (local mode unless --master says otherwise); the same
+    `main` spark-submit runs."""
+    import importlib
+
+    job_args = list(args.job_args)
+    if args.dsn and "--dsn" not in job_args:
+        job_args = ["--dsn", args.dsn, *job_args]
+    main = importlib.import_module(f"agentpost.spark.{args.job}").main
+    return main(job_args)
+
+
 def _short(text: str | None, width: int = 60) -> str:
     text = (text or "").replace("\n", " ")
     return text if len(text) <= width else text[: width - 1] + "…"
@@ -301,6 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
         func=cmd_recover)
     sub.add_parser("redeliver", help="retry deliveries whose backoff is due").set_defaults(
         func=cmd_recover)
+
+    spark = sub.add_parser("spark", help="run a Spark job over the trail in this process: "
+                                         "analytics, audit or export (--help after the job "
+                                         "lists its options)")
+    spark.add_argument("job", choices=["analytics", "audit", "export"])
+    spark.add_argument("job_args", nargs=argparse.REMAINDER,
+                       help="the job's options (e.g. --start ... --end ...)")
+    spark.set_defaults(func=cmd_spark)
 
     bench = sub.add_parser("bench", help="run a benchmark and print its numbers")
     bench.add_argument("suite", choices=sorted(SUITES))

@@ -20,14 +20,15 @@ HOOK_MODULES = ["agentpost.hooks.agentpost"]
 OPERATOR_MODULES = ["agentpost.operators.commands", "agentpost.operators.common",
                     "agentpost.operators.envelopes", "agentpost.operators.leases",
                     "agentpost.operators.marks", "agentpost.operators.sagas",
-                    "agentpost.operators.setup"]
+                    "agentpost.operators.setup", "agentpost.operators.spark"]
 SENSOR_MODULES = ["agentpost.operators.sensors"]
 TRIGGER_MODULES = ["agentpost.triggers.commands", "agentpost.triggers.events",
                    "agentpost.triggers.inbox", "agentpost.triggers.needs",
                    "agentpost.triggers.replies", "agentpost.triggers.verdicts"]
 #: class paths of BaseOperatorLink subclasses (the plugin registers the same classes)
 EXTRA_LINKS = ["agentpost.web.links.CommandLink", "agentpost.web.links.EnvelopeLink",
-               "agentpost.web.links.MarkLink", "agentpost.web.links.RouteLink"]
+               "agentpost.web.links.MarkLink", "agentpost.web.links.RouteLink",
+               "agentpost.web.links.TrailAnalyticsLink"]
 #: the project's documentation, as paths in the repository (Airflow's "how-to-guide" form)
 DOCS = ["/docs/airflow.md", "/docs/api.md", "/docs/design.md"]
 

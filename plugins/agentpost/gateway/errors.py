@@ -72,12 +72,18 @@ class GatewayError(Exception):
         return 4000 + self.code
 
 
+def status_of(exc: AgentpostError, default: int = 500) -> int:
+    """The HTTP status of an agentpost error (the first kind of `_STATUS` it is), `default`
+    when it is none of them. The agentpost page maps its errors with this too."""
+    return next((status for kind, status in _STATUS if isinstance(exc, kind)), default)
+
+
 def from_exception(exc: BaseException) -> GatewayError:
     """The client-facing form of any exception raised while serving a request."""
     if isinstance(exc, GatewayError):
         return exc
     if isinstance(exc, AgentpostError):
-        code = next((status for kind, status in _STATUS if isinstance(exc, kind)), 500)
+        code = status_of(exc)
         if code < 500:
             return GatewayError(code, str(exc) or type(exc).__name__)
         log.warning("store error: %s", exc)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 #: every column of a trail entry a job may read (`at_us` as the record signs it)
 TRAIL_COLUMNS = ("id", "chain", "chain_seq", "event", "envelope_id", "at", "at_us", "record",
                  "prev_hash", "hash", "mac")
-_TRAIL_SELECT = ("SELECT id, chain, chain_seq, event, envelope_id, at, "
+TRAIL_SELECT = ("SELECT id, chain, chain_seq, event, envelope_id, at, "
                  "(extract(epoch FROM at) * 1000000)::bigint AS at_us, record, prev_hash, "
                  "hash, mac FROM agentpost.trail")
 #: a partition holds at least this many ids (fewer, larger partitions for a small trail)
@@ -124,7 +124,7 @@ class Snapshot:
         lo, hi = self.trail_bounds(start, end)
         where, params = _window_filter(start, end)
         upto = exported.upto_id if exported is not None else 0
-        live_sql = _TRAIL_SELECT + _and(where, f"id > {int(upto)}")
+        live_sql = TRAIL_SELECT + _and(where, f"id > {int(upto)}")
         live_sql = self._literal(live_sql, params)
         live = self.table(live_sql, partition_column="id",
                           bounds=(max(lo, upto + 1), max(hi, upto + 1)))

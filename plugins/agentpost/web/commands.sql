@@ -1,38 +1,19 @@
 -- The commands page (pages/commands.py). Listings are newest first with keyset paging on
--- (created_at, id), one query per filter combination so each has its own index plan
--- (sql/0060_web_listings.sql); (%(after_at)s, %(after_id)s) is the last row of the previous
--- page, ('infinity', '') on the first, so the bound is always an index condition.
+-- (created_at, id), on the index of their filter (sql/0060_web_listings.sql);
+-- (%(after_at)s, %(after_id)s) is the last row of the previous page, ('infinity', '') on the
+-- first, so the bound is always an index condition.
 
 -- name: cursor
 SELECT created_at, id FROM agentpost.commands WHERE id = %(id)s
 
--- name: list_all
+-- name: list
+-- Filtered by workspace, by state, by both or by neither: a filter given as NULL drops out
+-- when Postgres plans the statement (the driver sends values inline, so `NULL IS NULL` is a
+-- constant), so each combination is planned as if written alone, on its own index.
 SELECT id, kind, workspace, action, state, reason, target_command_id, created_at, updated_at
   FROM agentpost.commands
- WHERE (created_at, id) < (%(after_at)s::timestamptz, %(after_id)s::text)
- ORDER BY created_at DESC, id DESC
- LIMIT %(limit)s
-
--- name: list_workspace
-SELECT id, kind, workspace, action, state, reason, target_command_id, created_at, updated_at
-  FROM agentpost.commands
- WHERE workspace = %(workspace)s
-   AND (created_at, id) < (%(after_at)s::timestamptz, %(after_id)s::text)
- ORDER BY created_at DESC, id DESC
- LIMIT %(limit)s
-
--- name: list_state
-SELECT id, kind, workspace, action, state, reason, target_command_id, created_at, updated_at
-  FROM agentpost.commands
- WHERE state = %(state)s
-   AND (created_at, id) < (%(after_at)s::timestamptz, %(after_id)s::text)
- ORDER BY created_at DESC, id DESC
- LIMIT %(limit)s
-
--- name: list_workspace_state
-SELECT id, kind, workspace, action, state, reason, target_command_id, created_at, updated_at
-  FROM agentpost.commands
- WHERE workspace = %(workspace)s AND state = %(state)s
+ WHERE (%(workspace)s::text IS NULL OR workspace = %(workspace)s)
+   AND (%(state)s::text IS NULL OR state = %(state)s)
    AND (created_at, id) < (%(after_at)s::timestamptz, %(after_id)s::text)
  ORDER BY created_at DESC, id DESC
  LIMIT %(limit)s

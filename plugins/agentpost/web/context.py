@@ -9,9 +9,9 @@ find it; AGENTPOST_DSN (with AGENTPOST_TRAIL_KEY).
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import Request
+from fastapi import Depends, Request
 
 from agentpost.hooks.agentpost import StoreTarget, _from_environment, dsn_from_connection
 from agentpost.store import EnvelopeStore
@@ -78,3 +78,7 @@ def web_context(request: Request) -> WebContext:
 def get_store(request: Request) -> EnvelopeStore:
     """FastAPI dependency: the app's store."""
     return web_context(request).store
+
+
+#: a page handler's parameter for the app's store (``store: Store``)
+Store = Annotated[EnvelopeStore, Depends(get_store)]

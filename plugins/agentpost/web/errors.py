@@ -12,28 +12,20 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agentpost.protocol.errors import (
-    AgentpostError,
-    ConfigurationError,
-    Conflict,
-    Forbidden,
-    InvalidInput,
-    NotFound,
-    StoreError,
-)
+from agentpost.gateway import errors as gateway
+from agentpost.protocol.errors import AgentpostError, ConfigurationError
 
 log = logging.getLogger("agentpost.web")
 
-_STATUS: list[tuple[type[AgentpostError], int]] = [
-    (InvalidInput, 400), (NotFound, 404), (Forbidden, 403), (Conflict, 409),
-    (ConfigurationError, 503), (StoreError, 503)]
-
 
 def status_of(exc: AgentpostError) -> int:
-    for kind, code in _STATUS:
-        if isinstance(exc, kind):
-            return code
-    return 400
+    """The gateway's status for `exc`, but for two cases the page answers on purpose as it
+    does: a store that is not configured is a 503 page naming what to set up (the gateway
+    says 500: a fault of its deployment), and an error of no mapped kind (the mark space's
+    own) is a 400, about what the person asked."""
+    if isinstance(exc, ConfigurationError):
+        return 503
+    return gateway.status_of(exc, default=400)
 
 
 def _wants_json(request: Request) -> bool:

@@ -74,6 +74,14 @@ def source_url(kind: str, source: LinkSource, read: Callable[[str], Any],
     return page_url(kind, str(ident), space)
 
 
+def _operator_sources(operator: Any) -> dict[str, tuple[LinkSource, str | None]]:
+    """Per page kind, where `operator`'s id is and the mark space its attribute names: what
+    a worker (`PageLink.get_link`) and a trigger (`trigger_links`) both read off it."""
+    return {kind: (source, getattr(operator, source.space_attr, None)
+                   if source.space_attr else None)
+            for kind, source in getattr(operator, "agentpost_links", {}).items()}
+
+
 class PageLink:
     """What the link classes share (a mixin, so that only the concrete links are
     BaseOperatorLinks for Airflow's provider registry): one agentpost page kind per class;
@@ -81,16 +89,13 @@ class PageLink:
 
     kind: ClassVar[str] = ""
 
-    def source(self, operator: Any) -> LinkSource | None:
-        return getattr(operator, "agentpost_links", {}).get(self.kind)
-
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         from airflow.sdk.bases.xcom import BaseXCom
 
-        source = self.source(operator)
-        if source is None:
+        found = _operator_sources(operator).get(self.kind)
+        if found is None:
             return ""
-        space = getattr(operator, source.space_attr, None) if source.space_attr else None
+        source, space = found
         return source_url(self.kind, source,
                           lambda key: BaseXCom.get_value(ti_key=ti_key, key=key), space)
 
@@ -115,8 +120,19 @@ class RouteLink(PageLink, BaseOperatorLink):
     kind = "routes"
 
 
-EXTRA_LINKS: list[type[BaseOperatorLink]] = [EnvelopeLink, CommandLink, MarkLink, RouteLink]
-_BY_KIND = {link.kind: link for link in EXTRA_LINKS}
+class TrailAnalyticsLink(BaseOperatorLink):
+    """From a Spark job's task (`TrailJobOperator`) to the analytics view, which shows what
+    the analytics wrote and the audit's latest reports."""
+
+    name = "Trail analytics"
+
+    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
+        return f"{base_url()}{PREFIX}/analytics"
+
+
+EXTRA_LINKS: list[type[BaseOperatorLink]] = [EnvelopeLink, CommandLink, MarkLink, RouteLink,
+                                             TrailAnalyticsLink]
+_BY_KIND = {link.kind: link for link in EXTRA_LINKS if issubclass(link, PageLink)}
 
 
 def links_for(sources: Mapping[str, LinkSource]) -> tuple[BaseOperatorLink, ...]:
@@ -128,10 +144,9 @@ def trigger_links(operator: Any) -> list[list[Any]]:
     """What a trigger needs to compute `operator`'s link XComs from its result, serializable:
     ``[xcom_key, kind, path, space, space_path]`` per link reading the return value."""
     specs = []
-    for kind, source in getattr(operator, "agentpost_links", {}).items():
+    for kind, (source, space) in _operator_sources(operator).items():
         if source.key != RETURN_VALUE:
             continue
-        space = getattr(operator, source.space_attr, None) if source.space_attr else None
         specs.append([_BY_KIND[kind]().xcom_key, kind, list(source.path), space,
                       None if source.space_path is None else list(source.space_path)])
     return specs

@@ -36,28 +36,14 @@ SELECT s.scope,
   FROM s WHERE s.scope IS NOT NULL
  LIMIT %(limit)s
 
--- name: scope_marks
--- One page of a scope's marks, newest first (seq below `before`), with their strength at now
--- and what the page needs to recompute it.
-SELECT m.id, m.seq, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
-       m.resource, m.action, m.topic, m.confidence, m.source, m.priority, m.blocking,
-       m.resolved_by, m.failed, m.supersedes, m.invalidates, m.half_life, m.ttl, m.body,
-       d.superseded, d.warnings, s.strength
-  FROM agentpost.marks m
- CROSS JOIN LATERAL agentpost.mark_decay_terms(m.space, m.id) d
- CROSS JOIN LATERAL agentpost.mark_adjusted_strength(
-           m.space, m.id,
-           agentpost.mark_base_strength(m.mark_type, m.initial_strength, m.created_at,
-                                        %(now)s, m.half_life, m.ttl,
-                                        m.resolved_by IS NOT NULL, m.source),
-           %(now)s) s
- WHERE m.space = %(space)s AND ARRAY[m.scope] = ARRAY[%(scope)s::text]
-   AND m.seq < %(before)s
- ORDER BY m.seq DESC
- LIMIT %(limit)s
-
--- name: recent_marks
--- The newest marks of a whole space (its default view), on marks_clock.
+-- name: marks
+-- Marks of a space with their strength at now and what the page needs to recompute it, by
+-- filter: one page of a scope's marks (`scope`), newest first, seq below `before`
+-- (marks_scope_recent); the newest of the whole space, its default view (marks_clock); one
+-- mark (`id`, by primary key). A filter given as NULL drops out when Postgres plans the
+-- statement (the driver sends values inline, so the NULL tests and CASEs are constants), and
+-- so does the other view's ORDER BY term: the lists get the plans of queries written for
+-- them alone (one mark only adds a sort of its one row).
 SELECT m.id, m.seq, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
        m.resource, m.action, m.topic, m.confidence, m.source, m.priority, m.blocking,
        m.resolved_by, m.failed, m.supersedes, m.invalidates, m.half_life, m.ttl, m.body,
@@ -71,48 +57,24 @@ SELECT m.id, m.seq, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_st
                                         m.resolved_by IS NOT NULL, m.source),
            %(now)s) s
  WHERE m.space = %(space)s
- ORDER BY m.created_at DESC, m.id DESC
+   AND (%(id)s::uuid IS NULL OR m.id = %(id)s::uuid)
+   AND (%(scope)s::text IS NULL OR ARRAY[m.scope] = ARRAY[%(scope)s::text])
+   AND (%(before)s::bigint IS NULL OR m.seq < %(before)s)
+ ORDER BY CASE WHEN %(scope)s::text IS NULL THEN m.created_at END DESC,
+          CASE WHEN %(scope)s::text IS NULL THEN m.id END DESC,
+          CASE WHEN %(scope)s::text IS NOT NULL THEN m.seq END DESC
  LIMIT %(limit)s
 
--- name: one_mark
-SELECT m.id, m.seq, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
-       m.resource, m.action, m.topic, m.confidence, m.source, m.priority, m.blocking,
-       m.resolved_by, m.failed, m.supersedes, m.invalidates, m.half_life, m.ttl, m.body,
-       d.superseded, d.warnings, s.strength
-  FROM agentpost.marks m
- CROSS JOIN LATERAL agentpost.mark_decay_terms(m.space, m.id) d
- CROSS JOIN LATERAL agentpost.mark_adjusted_strength(
-           m.space, m.id,
-           agentpost.mark_base_strength(m.mark_type, m.initial_strength, m.created_at,
-                                        %(now)s, m.half_life, m.ttl,
-                                        m.resolved_by IS NOT NULL, m.source),
-           %(now)s) s
- WHERE m.id = %(id)s AND m.space = %(space)s
-
--- name: scope_intents
--- Live intents of one scope, the latest first: the newest `window` by TTL end, walked
--- backwards on marks_scope (intents fade at their TTL), then the superseded ones dropped;
--- each with the verdict its agent holds on the resource (the current boundary's, if any).
+-- name: intents
+-- Live intents of a space, or of one scope when `scope` is given, the latest first: the
+-- newest `window` by TTL end, walked backwards on marks_intents (a space) or marks_scope (a
+-- scope; intents fade at their TTL), then the superseded ones dropped; each with the verdict
+-- its agent holds on the resource (the current boundary's, if any).
 SELECT m.id, m.agent_id, m.resource, m.action, m.confidence, m.created_at, m.ttl,
        v.allowed, v.winner_id, v.boundary, v.intent_id = m.id AS decided, m.scope
   FROM (SELECT * FROM agentpost.marks c
-         WHERE c.space = %(space)s AND c.scope = %(scope)s AND c.mark_type = 'intent'
-           AND c.fades_at >= %(now)s
-         ORDER BY c.fades_at DESC LIMIT %(window)s) m
-  LEFT JOIN agentpost.mark_verdicts v
-         ON v.space = m.space AND v.scope = m.scope AND v.resource = m.resource
-        AND v.agent_id = m.agent_id
- WHERE (SELECT true FROM agentpost.marks x
-         WHERE x.space = m.space AND x.supersedes = m.id LIMIT 1) IS NULL
- ORDER BY m.fades_at DESC
- LIMIT %(limit)s
-
--- name: space_intents
--- The same over a whole space (marks_intents).
-SELECT m.id, m.agent_id, m.resource, m.action, m.confidence, m.created_at, m.ttl,
-       v.allowed, v.winner_id, v.boundary, v.intent_id = m.id AS decided, m.scope
-  FROM (SELECT * FROM agentpost.marks c
-         WHERE c.space = %(space)s AND c.mark_type = 'intent' AND c.fades_at >= %(now)s
+         WHERE c.space = %(space)s AND (%(scope)s::text IS NULL OR c.scope = %(scope)s)
+           AND c.mark_type = 'intent' AND c.fades_at >= %(now)s
          ORDER BY c.fades_at DESC LIMIT %(window)s) m
   LEFT JOIN agentpost.mark_verdicts v
          ON v.space = m.space AND v.scope = m.scope AND v.resource = m.resource

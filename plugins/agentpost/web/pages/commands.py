@@ -29,12 +29,11 @@ from agentpost.store.commands import CommandLedger
 from agentpost.store.queries import load_queries
 from agentpost.web import actions
 from agentpost.web.auth import Actor, require_viewer, user_name
-from agentpost.web.context import get_store
+from agentpost.web.context import Store
 from agentpost.web.render import page
 
 router = APIRouter(dependencies=[Depends(require_viewer)])
 Q = load_queries("agentpost.web", "commands.sql")
-Store = Annotated[EnvelopeStore, Depends(get_store)]
 
 PAGE_SIZE = 50
 MAX_PAGE = 200
@@ -96,11 +95,9 @@ def list_commands(store: EnvelopeStore, workspace: str | None, state: str | None
         if row is None:
             raise InvalidInput(f"after: no command {after!r} to page from")
         after_at, after_id = row
-    name = "list" + ("_workspace" if workspace else "") + ("_state" if state else "")
-    name = "list_all" if name == "list" else name
-    rows = store.db.fetchall(Q[name], {"workspace": workspace, "state": state,
-                                       "after_at": after_at, "after_id": after_id,
-                                       "limit": limit + 1})
+    rows = store.db.fetchall(Q["list"], {"workspace": workspace, "state": state,
+                                         "after_at": after_at, "after_id": after_id,
+                                         "limit": limit + 1})
     items = [dict(zip(("command_id", "kind", "workspace", "action", "state", "reason",
                        "target_command_id", "created_at", "last_transition_at"), r,
                       strict=True)) for r in rows[:limit]]

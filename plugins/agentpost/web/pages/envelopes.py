@@ -24,12 +24,11 @@ from agentpost.protocol.validation import MAX_ID
 from agentpost.store import EnvelopeStore
 from agentpost.store.queries import QUERIES, load_queries
 from agentpost.web.auth import require_viewer
-from agentpost.web.context import get_store
+from agentpost.web.context import Store
 from agentpost.web.render import page, root
 
 router = APIRouter(dependencies=[Depends(require_viewer)])
 Q = load_queries("agentpost.web", "envelopes.sql")
-Store = Annotated[EnvelopeStore, Depends(get_store)]
 EnvelopeId = Annotated[str, Path(max_length=MAX_ID, description="envelope id")]
 
 #: trail entries, thread ancestors and replies shown at most

@@ -28,12 +28,11 @@ from agentpost.store.queries import load_queries
 from agentpost.store.views import STATS_SAMPLE, STATS_WINDOW_S
 from agentpost.web.actions import confirm_then, form_fields
 from agentpost.web.auth import Actor, require_viewer, user_name
-from agentpost.web.context import get_store
+from agentpost.web.context import Store
 from agentpost.web.render import page
 
 router = APIRouter(dependencies=[Depends(require_viewer)])
 Q = load_queries("agentpost.web", "inboxes.sql")
-Store = Annotated[EnvelopeStore, Depends(get_store)]
 Ws = Annotated[str, Path(max_length=MAX_ID, description="workspace id")]
 EnvelopeId = Annotated[str, Path(max_length=MAX_ID, description="envelope id")]
 After = Annotated[str, Query(max_length=MAX_ID, description="list inboxes after this id")]

@@ -42,12 +42,11 @@ from agentpost.store import EnvelopeStore
 from agentpost.store.queries import load_queries
 from agentpost.web.actions import confirm_then, form_fields
 from agentpost.web.auth import Actor, require_viewer, user_name
-from agentpost.web.context import get_store, web_context
+from agentpost.web.context import Store, web_context
 from agentpost.web.render import page
 
 router = APIRouter(dependencies=[Depends(require_viewer)])
 QUERIES = load_queries("agentpost.web", "marks.sql")
-Store = Annotated[EnvelopeStore, Depends(get_store)]
 
 PAGE = 50            # marks per page of a scope
 RECENT = 20          # newest marks on a space's default view
@@ -172,6 +171,16 @@ def _rows(store: EnvelopeStore, name: str, params: dict[str, Any]) -> list[dict[
         return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
+def _marks(store: EnvelopeStore, space: str, now: float, *, ident: UUID | None = None,
+           scope: str | None = None, before: int | None = None,
+           limit: int | None = None) -> list[dict[str, Any]]:
+    """Marks with their strength at `now`: one by id, a page of a scope's (seq below
+    `before`), or the newest of the space (marks.sql, `marks`)."""
+    return _rows(store, "marks", {"space": space, "now": now, "scope": scope,
+                                  "id": None if ident is None else str(ident),
+                                  "before": before, "limit": limit})
+
+
 def _label(row: dict[str, Any]) -> str:
     """What a mark is about: its resource or topic, and verb; a need's question."""
     if row["mark_type"] == "need":
@@ -189,9 +198,8 @@ def _mark_view(row: dict[str, Any]) -> dict[str, Any]:
 
 def _intents(store: EnvelopeStore, space: str, scope: str | None,
              now: float) -> list[dict[str, Any]]:
-    name = "space_intents" if scope is None else "scope_intents"
-    rows = _rows(store, name, {"space": space, "scope": scope, "now": now, "limit": INTENTS,
-                               "window": INTENT_WINDOW})
+    rows = _rows(store, "intents", {"space": space, "scope": scope, "now": now,
+                                    "limit": INTENTS, "window": INTENT_WINDOW})
     return [{"id": str(r["id"]), "agent": str(r["agent_id"]), "resource": r["resource"],
              "scope": r["scope"], "action": r["action"],
              "confidence": r["confidence"], "expires_at": r["created_at"] + r["ttl"],
@@ -255,10 +263,9 @@ def space_view(store: EnvelopeStore, space: str, scope: str | None, before: int 
     if scope is not None and scope not in {s["scope"] for s in scopes}:
         raise NotFound(f"no marks in scope {scope!r} of space {space!r}")
     if scope is None:
-        rows = _rows(store, "recent_marks", {"space": space, "now": now, "limit": RECENT})
+        rows = _marks(store, space, now, limit=RECENT)
     else:
-        rows = _rows(store, "scope_marks", {"space": space, "scope": scope, "now": now,
-                                            "before": before or 2**63 - 1, "limit": PAGE})
+        rows = _marks(store, space, now, scope=scope, before=before or 2**63 - 1, limit=PAGE)
     marks = [_mark_view(r) for r in rows]
     more = scope is not None and len(marks) == PAGE
     return {"space": space, "scope": scope, "now": now, "scopes": scopes, "marks": marks,
@@ -304,7 +311,7 @@ def mark_page(request: Request, store: Store, mark_id: str,
     """One mark: its fields, its strength now and a chart of its decay."""
     name, ident = _space_arg(space), _mark_id(mark_id)
     now = time.time()
-    rows = _rows(store, "one_mark", {"id": str(ident), "space": name, "now": now})
+    rows = _marks(store, name, now, ident=ident)
     if not rows:
         raise NotFound(f"no mark {ident} in space {name!r}")
     row = rows[0]

@@ -18,12 +18,11 @@ from agentpost.protocol.errors import InvalidInput, NotFound
 from agentpost.store import EnvelopeStore
 from agentpost.store.queries import load_queries
 from agentpost.web.auth import require_viewer
-from agentpost.web.context import get_store
+from agentpost.web.context import Store
 from agentpost.web.render import page
 
 router = APIRouter(dependencies=[Depends(require_viewer)])
 Q = load_queries("agentpost.web", "routes.sql")
-Store = Annotated[EnvelopeStore, Depends(get_store)]
 
 RECENT = 50
 FAMILY_LIMIT = 500

@@ -1,0 +1,93 @@
+"""The Spark DAGs (dags/agentpost_trail_jobs.py) under `dag.test()`: TrailJobOperator, a
+SparkSubmitOperator, runs the real jobs with spark-submit in local mode (the `spark_default`
+connection the demo defines) against the store of the `agentpost_default` connection.
+
+One private Airflow process runs both DAGs (tests/test_airflow_examples.py's runner): the
+analytics of a chosen window (the DAG's params) fills that window's tables; the audit of a
+trail with one edited entry fails its task, and its report names the entry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from agentpost.airflow_runtime import SPARK_LOCAL
+from agentpost.benchmarks.spark_fill import Plan, fill
+from agentpost.operators import TrailJobOperator
+from agentpost.spark.apps import application
+from dbtools import query
+from test_airflow_examples import RUNNER
+from test_airflow_inbox import airflow_env
+
+ROOT = Path(__file__).resolve().parent.parent
+DAY = datetime(2026, 11, 1, tzinfo=UTC)
+KEY = os.environ["AGENTPOST_TRAIL_KEY"].encode("utf-8")
+
+
+def test_the_operator_submits_the_jobs_file_with_the_driver_jar_and_a_name() -> None:
+    """SparkSubmitOperator's `application`, `name=` and `jars` are set for every job; the
+    window becomes the job's arguments."""
+    for job in ("analytics", "audit", "export"):
+        op = TrailJobOperator(task_id=job, job=job, window_start="a", window_end="b")
+        assert op.application == application(job) and Path(op.application).is_file()
+        assert op.name == f"agentpost-trail-{job}"
+        assert op.jars.endswith("postgresql.jar") and op.job == job
+        assert [link.name for link in op.operator_extra_links] == ["Trail analytics"]
+        assert op.operator_extra_links[0].get_link(op, ti_key=None).endswith(
+            "/agentpost/analytics")
+    with pytest.raises(ValueError, match="unknown Spark job"):
+        TrailJobOperator(task_id="x", job="nosuchjob")
+
+
+@pytest.mark.slow
+def test_analytics_and_audit_dags_run_the_jobs_with_spark_submit(dsn: str,
+                                                                 tmp_path: Path) -> None:
+    fill(dsn, KEY, Plan(envelopes=400, start_us=int(DAY.timestamp() * 1e6)), parts=1)
+    edited = query(dsn, "SELECT min(id) FROM agentpost.trail "
+                        "WHERE event = 'envelope_delivered'")[0][0]
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    shutil.copy(ROOT / "dags" / "agentpost_trail_jobs.py", dags)
+    (tmp_path / "runner.py").write_text(RUNNER)
+    env = airflow_env(tmp_path, dsn)
+    env.update({"AIRFLOW_CONN_SPARK_DEFAULT": SPARK_LOCAL,
+                "AGENTPOST_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+                "AGENTPOST_TRAIL_ARCHIVE": str(tmp_path / "archive")})
+    window = {"window_start": DAY.isoformat(), "window_end": (DAY + timedelta(days=1)).isoformat()}
+    # the edit comes between the two runs: the runner runs them in order, so tamper first
+    # and audit last; the analytics reads entries, not their hashes
+    query(dsn, "UPDATE agentpost.trail SET record = replace(record, '\"attempt\": 1', "
+               "'\"attempt\": 2') WHERE id = %s", (edited,))
+    runs = [{"name": "analytics", "dag_id": "agentpost_trail_analytics", "conf": window},
+            {"name": "audit", "dag_id": "agentpost_trail_audit"}]
+    proc = subprocess.run([sys.executable, str(tmp_path / "runner.py"), str(dags),
+                           json.dumps(runs)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=900, check=False)
+    output = proc.stdout + proc.stderr
+    found = [ln for ln in proc.stdout.splitlines() if ln.startswith("AGENTPOST-RESULT ")]
+    assert proc.returncode == 0 and found, output[-8000:]
+    results = json.loads(found[-1].removeprefix("AGENTPOST-RESULT "))
+
+    assert results["analytics"]["tasks"] == {"analytics": "success"}, output[-8000:]
+    runs_rows = query(dsn, "SELECT job, window_start, window_end, source_rows "
+                          "FROM agentpost.analytics_runs")
+    assert runs_rows == [("analytics", DAY, DAY + timedelta(days=1), runs_rows[0][3])]
+    assert runs_rows[0][3] > 1_000
+    inboxes = query(dsn, "SELECT count(*), sum(delivered) FROM agentpost.analytics_inbox_latency "
+                        "WHERE window_start = %s", (DAY,))[0]
+    assert inboxes[0] > 10 and inboxes[1] == query(
+        dsn, "SELECT count(*) FROM agentpost.trail WHERE event = 'envelope_delivered'")[0][0]
+
+    assert results["audit"]["tasks"] == {"audit": "failed"}, output[-8000:]
+    report = query(dsn, "SELECT ok, report FROM agentpost.audit_reports")
+    assert len(report) == 1 and report[0][0] is False
+    assert str(edited) in report[0][1]["checks"]["entry_hash"]["first"]
+    assert "spark-submit" in output and "agentpost-trail-audit" in output
