@@ -83,8 +83,10 @@ def test_analytics_and_audit_dags_run_the_jobs_with_spark_submit(dsn: str,
     assert runs_rows[0][3] > 1_000
     inboxes = query(dsn, "SELECT count(*), sum(delivered) FROM agentpost.analytics_inbox_latency "
                         "WHERE window_start = %s", (DAY,))[0]
+    # the window's deliveries (the synthetic day's last one lands just after midnight)
     assert inboxes[0] > 10 and inboxes[1] == query(
-        dsn, "SELECT count(*) FROM agentpost.trail WHERE event = 'envelope_delivered'")[0][0]
+        dsn, "SELECT count(*) FROM agentpost.trail WHERE event = 'envelope_delivered' "
+             "AND at >= %s AND at < %s", (DAY, DAY + timedelta(days=1)))[0][0]
 
     assert results["audit"]["tasks"] == {"audit": "failed"}, output[-8000:]
     report = query(dsn, "SELECT ok, report FROM agentpost.audit_reports")
