@@ -13,8 +13,9 @@ connection says where the master is) that fills in what each of agentpost's jobs
   the agentpost and pyspark the worker has, without PATH set by hand;
 - `application_args`: the window (`window_start`, `window_end`, templated: the DAG passes
   its data interval) and `job_args`.
-The job's report is printed by the job into the task log; a job that fails (an audit check
-among them) exits non-zero, and the task fails.
+The job's report is printed by the job into the task log, and the task's "Trail analytics"
+link opens the agentpost page's analytics view (the analytics' tables, the audit's reports).
+A job that fails (an audit check among them) exits non-zero, and the task fails.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from agentpost.spark.apps import application
 from agentpost.spark.settings import DEFAULT_JDBC_JAR
+from agentpost.web.links import TrailAnalyticsLink
 
 Job = Literal["analytics", "audit", "export"]
 
@@ -39,6 +41,7 @@ class TrailJobOperator(SparkSubmitOperator):
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "window_start",
                                       "window_end", "job_args")
     ui_color = "#f4d9b1"
+    operator_extra_links = (TrailAnalyticsLink(),)
 
     def __init__(self, *, job: Job, agentpost_conn_id: str = "agentpost_default",
                  window_start: str | None = None, window_end: str | None = None,

@@ -40,6 +40,9 @@ def test_the_operator_submits_the_jobs_file_with_the_driver_jar_and_a_name() -> 
         assert op.application == application(job) and Path(op.application).is_file()
         assert op.name == f"agentpost-trail-{job}"
         assert op.jars.endswith("postgresql.jar") and op.job == job
+        assert [link.name for link in op.operator_extra_links] == ["Trail analytics"]
+        assert op.operator_extra_links[0].get_link(op, ti_key=None).endswith(
+            "/agentpost/analytics")
     with pytest.raises(ValueError, match="unknown Spark job"):
         TrailJobOperator(task_id="x", job="nosuchjob")
 
@@ -80,8 +83,10 @@ def test_analytics_and_audit_dags_run_the_jobs_with_spark_submit(dsn: str,
     assert runs_rows[0][3] > 1_000
     inboxes = query(dsn, "SELECT count(*), sum(delivered) FROM agentpost.analytics_inbox_latency "
                         "WHERE window_start = %s", (DAY,))[0]
+    # the window's deliveries (the synthetic day's last one lands just after midnight)
     assert inboxes[0] > 10 and inboxes[1] == query(
-        dsn, "SELECT count(*) FROM agentpost.trail WHERE event = 'envelope_delivered'")[0][0]
+        dsn, "SELECT count(*) FROM agentpost.trail WHERE event = 'envelope_delivered' "
+             "AND at >= %s AND at < %s", (DAY, DAY + timedelta(days=1)))[0][0]
 
     assert results["audit"]["tasks"] == {"audit": "failed"}, output[-8000:]
     report = query(dsn, "SELECT ok, report FROM agentpost.audit_reports")

@@ -35,7 +35,7 @@ def history(dsn: str) -> str:
     return dsn
 
 
-def _rows(frame) -> list[tuple]:  # noqa: ANN001
+def _rows(frame) -> list[tuple]:
     return sorted((r.id, r.chain, r.chain_seq, r.event, r.envelope_id, r.at_us, r.record,
                    bytes(r.prev_hash), bytes(r.hash), bytes(r.mac)) for r in frame.collect())
 

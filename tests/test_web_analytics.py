@@ -135,3 +135,42 @@ def test_the_tables_refuse_rows_outside_the_contract(db: Db, sql: str,
 
 def test_anonymous_is_401(web: Web) -> None:
     assert web.client(None).get("/agentpost/api/analytics").status_code == 401
+
+
+def test_channel_latency_needs_and_audit_reports(web: Web, db: Db) -> None:
+    """The tables of sql/0063 (latest window) and the latest audit reports of sql/0064,
+    newest first, each check's failed / checked counts out of its report."""
+    w = (T0 + 5 * HOUR, T0 + 6 * HOUR)
+    db.execute("INSERT INTO agentpost.analytics_channel_latency VALUES"
+               " (%s, %s, 'boss', 'desk', 3, 1.0, 2.0, 3.0),"
+               " (%s, %s, 'boss', 'till', 1, 7.0, 9.0, 9.5)", w * 2)
+    db.execute("INSERT INTO agentpost.analytics_channel_latency VALUES"
+               " (%s, %s, 'old', 'desk', 1, 1.0, 1.0, 1.0)", (T0, T0 + HOUR))
+    db.execute("INSERT INTO agentpost.analytics_needs VALUES"
+               " (%s, %s, 'main', 'ops', 'rotate the keys', 2, 1, 1, 30.0, 30.0),"
+               " (%s, %s, 'main', 'lot', 'open the gate', 1, 0, 1, NULL, NULL)", w * 2)
+    for n, (ok, failed) in enumerate([(True, 0), (False, 2)]):
+        report = {"ok": ok, "checks": {"chain_links": {"checked": 10, "failed": failed,
+                                                       "first": ["7"] if failed else []},
+                                       "macs": {"checked": 10, "failed": 0, "first": []}}}
+        db.execute("INSERT INTO agentpost.audit_reports (started_at, finished_at, taken_at, ok,"
+                   " entries, failed, report) VALUES (%s, %s, %s, %s, 10, %s, %s)",
+                   (T0 + n * HOUR, T0 + n * HOUR + timedelta(minutes=1), T0 + n * HOUR, ok,
+                    failed, json.dumps(report)))
+    body = web.client("viewer").get("/agentpost/api/analytics").json()
+    channels = body["tables"]["channels"]
+    assert channels["window_start"].startswith("2026-11-24T15:00:00")
+    assert [(r["sender"], r["inbox"], r["p95_ms"]) for r in channels["rows"]] == [
+        ("boss", "till", 9.0), ("boss", "desk", 2.0)]
+    assert [(r["cluster_key"], r["still_open"], r["ttr_p50_s"])
+            for r in body["tables"]["needs"]["rows"]] == [("rotate the keys", 1, 30.0),
+                                                          ("open the gate", 1, None)]
+    audits = body["audits"]
+    assert [(a["ok"], a["failed"]) for a in audits] == [(False, 2), (True, 0)]
+    assert audits[0]["checks"] == [{"check": "chain_links", "checked": 10, "failed": 2},
+                                   {"check": "macs", "checked": 10, "failed": 0}]
+    page = web.client("viewer").get("/agentpost/analytics").text
+    table = page.split('id="analytics-audits"', 1)[1].split("</table>", 1)[0]
+    assert table.count("<tr data-audit=") == 2 and "FAILED" in table
+    assert 'data-check="chain_links">chain_links 2 / 10' in table
+    assert 'id="analytics-channels"' in page and 'id="analytics-needs"' in page

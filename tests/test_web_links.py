@@ -114,7 +114,8 @@ def test_page_urls_are_relative_without_a_base_url_and_quote_ids() -> None:
     assert source_url("envelopes", LinkSource(path=(0, "envelope_id")), lambda _k: []) == ""
     assert source_url("marks", LinkSource(), lambda _k: "m1") == "/agentpost/marks/m1?space=default"
     assert [link.__name__ for link in EXTRA_LINKS] == ["EnvelopeLink", "CommandLink",
-                                                      "MarkLink", "RouteLink"]
+                                                      "MarkLink", "RouteLink",
+                                                      "TrailAnalyticsLink"]
 
 
 def test_sensors_say_where_their_ids_are_for_the_trigger() -> None:

@@ -27,7 +27,8 @@ TRIGGER_MODULES = ["agentpost.triggers.commands", "agentpost.triggers.events",
                    "agentpost.triggers.replies", "agentpost.triggers.verdicts"]
 #: class paths of BaseOperatorLink subclasses (the plugin registers the same classes)
 EXTRA_LINKS = ["agentpost.web.links.CommandLink", "agentpost.web.links.EnvelopeLink",
-               "agentpost.web.links.MarkLink", "agentpost.web.links.RouteLink"]
+               "agentpost.web.links.MarkLink", "agentpost.web.links.RouteLink",
+               "agentpost.web.links.TrailAnalyticsLink"]
 #: the project's documentation, as paths in the repository (Airflow's "how-to-guide" form)
 DOCS = ["/docs/airflow.md", "/docs/api.md", "/docs/design.md"]
 

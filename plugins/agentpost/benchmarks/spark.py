@@ -33,6 +33,8 @@ EVENTS = 10_000_000
 AUDIT_GOAL_S = 600.0
 JDBC_GOAL_RATIO = 2.0
 DAY_START = datetime(2026, 11, 1, tzinfo=UTC)
+#: local mode: the driver's JVM is also the executor (Spark's default, 1g, spills early)
+DRIVER_MEMORY = "6g"
 
 COPY_TRAIL = ("COPY (SELECT id, chain, chain_seq, event, envelope_id, at, "
               "(extract(epoch FROM at) * 1000000)::bigint AS at_us, record, prev_hash, hash, "
@@ -117,7 +119,7 @@ def run(*, dsn: str | None = None, scale: float = 1.0) -> int:
     key = Settings.from_env().trail_key.encode("utf-8")
     window = Window(start=DAY_START, end=DAY_START + timedelta(days=1))
     report = Report(f"agentpost bench spark: {events:,} trail events, jobs on local[2] "
-                    f"(2 JDBC partitions per core)")
+                    f"(driver memory {DRIVER_MEMORY}, 2 JDBC partitions per core)")
     plan = spark_fill.Plan(envelopes=round(events / spark_fill.ENTRIES_PER_ENVELOPE),
                            start_us=int(DAY_START.timestamp() * 1_000_000))
     with scratch_database(dsn, "agentpost_bench_spark") as bench_dsn:
@@ -125,7 +127,8 @@ def run(*, dsn: str | None = None, scale: float = 1.0) -> int:
         report.add("trail filled (COPY)", f"{entries:,} entries, {plan.envelopes:,} envelopes "
                                           f"in {fill_s:.1f} s ({entries / fill_s:,.0f} rows/s)")
         settings = SparkSettings.from_env(dsn=bench_dsn, trail_key=key.decode("utf-8"))
-        spark = spark_session("agentpost-bench-spark", settings, master="local[2]")
+        spark = spark_session("agentpost-bench-spark", settings, master="local[2]",
+                              driver_memory=DRIVER_MEMORY)
         try:
             copy_s, size = _timed(lambda: _copy_read(bench_dsn))
             with Snapshot(spark, settings) as snap:

@@ -21,8 +21,8 @@ import functools
 import hashlib
 import random
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import IO
@@ -105,7 +105,8 @@ class Chains:
 
 def _row(status: str, reason: str | None, delivered: int | None, consumed: int | None,
          leases: int, fixed: str | None = None) -> str:
-    moving = (f'"leases": {leases}, "reason": {"null" if reason is None else chr(34) + reason + chr(34)}, '
+    why = "null" if reason is None else f'"{reason}"'
+    moving = (f'"leases": {leases}, "reason": {why}, '
               f'"status": "{status}", "redeliveries": 0, "consumed_at_us": {_opt(consumed)}, '
               f'"delivered_at_us": {_opt(delivered)}')
     return f'{{"fixed": {fixed}, {moving}}}' if fixed else f"{{{moving}}}"
@@ -179,14 +180,16 @@ def _delivered(chains: Chains, rows: IO[str], n: int, env_id: str, sender: str,
                recipient: str, created: int, delivered: int, *,
                consumed: bool) -> Iterator[str]:
     fixed = _fixed(n, sender, recipient, "directive", created)
+    born = _row("validated", None, None, None, 0, fixed)
     yield chains.append(sender, "envelope_created", env_id, created,
-                        f'{{"to": "{recipient}", "row": {_row("validated", None, None, None, 0, fixed)}, '
+                        f'{{"to": "{recipient}", "row": {born}, '
                         f'"from": "{sender}", "type": "directive", "origin": "agent", '
                         f'"priority": "normal", "timestamp": "{_iso(created)}", '
                         f'"originator": "system", "envelope_id": "{env_id}", '
                         f'"in_reply_to": null}}')
+    arrived = _row("acknowledged", None, delivered, None, 0)
     yield chains.append(recipient, "envelope_delivered", env_id, delivered,
-                        f'{{"to": "{recipient}", "row": {_row("acknowledged", None, delivered, None, 0)}, '
+                        f'{{"to": "{recipient}", "row": {arrived}, '
                         f'"from": "{sender}", "attempt": 1, "envelope_id": "{env_id}", '
                         f'"delivered_at": "{_iso(delivered)}"}}')
     yield chains.append(recipient, "signal_emitted", env_id, delivered,

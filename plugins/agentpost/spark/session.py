@@ -16,9 +16,11 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def spark_session(app_name: str, settings: SparkSettings, *,
-                  master: str | None = None) -> SparkSession:
-    """A session for `app_name` that can read the store over JDBC."""
+def spark_session(app_name: str, settings: SparkSettings, *, master: str | None = None,
+                  driver_memory: str | None = None) -> SparkSession:
+    """A session for `app_name` that can read the store over JDBC. `driver_memory` (e.g.
+    "4g"; in local mode the driver's JVM runs the executors too) applies in-process only:
+    under spark-submit, `--driver-memory` sets it before the JVM starts."""
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
@@ -35,6 +37,8 @@ def spark_session(app_name: str, settings: SparkSettings, *,
     builder = SparkSession.builder.appName(app_name)
     if not conf.contains("spark.master"):
         builder = builder.master(master or "local[*]")
+    if driver_memory and not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        builder = builder.config("spark.driver.memory", driver_memory)
     if not any(j.endswith("postgresql.jar") or "postgresql" in j.rsplit("/", 1)[-1]
                for j in jars):
         builder = (builder.config("spark.jars", ",".join([*jars, jar]))

@@ -49,6 +49,25 @@ SELECT window_start, window_end, agent, sent, received, acked, nacked, marks, co
  ORDER BY anomaly DESC, anomaly_score DESC NULLS LAST, sent + received DESC, agent
  LIMIT %(limit)s
 
+-- name: channels
+SELECT window_start, window_end, sender, inbox, delivered, p50_ms, p95_ms, p99_ms
+  FROM agentpost.analytics_channel_latency
+ WHERE (window_start, window_end) = (SELECT window_start, window_end
+                                       FROM agentpost.analytics_channel_latency
+                                      ORDER BY window_start DESC, window_end DESC LIMIT 1)
+ ORDER BY p95_ms DESC, sender, inbox
+ LIMIT %(limit)s
+
+-- name: needs
+SELECT window_start, window_end, space, scope, cluster_key, opened, resolved, still_open,
+       ttr_p50_s, ttr_p95_s
+  FROM agentpost.analytics_needs
+ WHERE (window_start, window_end) = (SELECT window_start, window_end
+                                       FROM agentpost.analytics_needs
+                                      ORDER BY window_start DESC, window_end DESC LIMIT 1)
+ ORDER BY still_open DESC, opened DESC, space, scope, cluster_key
+ LIMIT %(limit)s
+
 -- name: latency_history
 -- p50/p95 of some inboxes over the windows starting at or after %(since)s (a range of the
 -- primary key's leading column).
@@ -62,4 +81,17 @@ SELECT window_start, inbox, p50_ms, p95_ms
 SELECT job, window_start, window_end, computed_at, source_rows
   FROM agentpost.analytics_runs
  ORDER BY computed_at DESC
+ LIMIT %(limit)s
+
+-- name: audits
+-- The latest Spark audit reports (sql/0064_audit_reports.sql) by the finished_at index, with
+-- each check's counts taken out of the report: {"<check>": {"checked": n, "failed": m}}.
+SELECT a.id, a.started_at, a.finished_at, a.taken_at, a.ok, a.entries, a.failed,
+       coalesce((SELECT jsonb_object_agg(c.key, jsonb_build_object(
+                            'checked', c.value -> 'checked', 'failed', c.value -> 'failed'))
+                   FROM jsonb_each(CASE WHEN jsonb_typeof(a.report -> 'checks') = 'object'
+                                        THEN a.report -> 'checks' ELSE '{}' END) AS c),
+                '{}') AS checks
+  FROM agentpost.audit_reports a
+ ORDER BY a.finished_at DESC
  LIMIT %(limit)s

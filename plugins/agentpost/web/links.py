@@ -120,8 +120,19 @@ class RouteLink(PageLink, BaseOperatorLink):
     kind = "routes"
 
 
-EXTRA_LINKS: list[type[BaseOperatorLink]] = [EnvelopeLink, CommandLink, MarkLink, RouteLink]
-_BY_KIND = {link.kind: link for link in EXTRA_LINKS}
+class TrailAnalyticsLink(BaseOperatorLink):
+    """From a Spark job's task (`TrailJobOperator`) to the analytics view, which shows what
+    the analytics wrote and the audit's latest reports."""
+
+    name = "Trail analytics"
+
+    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
+        return f"{base_url()}{PREFIX}/analytics"
+
+
+EXTRA_LINKS: list[type[BaseOperatorLink]] = [EnvelopeLink, CommandLink, MarkLink, RouteLink,
+                                             TrailAnalyticsLink]
+_BY_KIND = {link.kind: link for link in EXTRA_LINKS if issubclass(link, PageLink)}
 
 
 def links_for(sources: Mapping[str, LinkSource]) -> tuple[BaseOperatorLink, ...]:

@@ -1,9 +1,10 @@
 """Trail analytics: what the Spark jobs over the trail (issue 14) computed, per time window.
 
-The jobs write the tables of sql/0061_trail_analytics.sql (their contract is in docs/ui.md,
-"Trail analytics"); this page reads the latest window of each and charts the delivery latency
-(p50/p95) of the busiest inboxes over the recent windows. It never computes anything over the
-trail itself.
+The jobs write the tables of sql/0061_trail_analytics.sql and sql/0063_more_analytics.sql
+(their contract is in docs/ui.md, "Trail analytics") and the audit's reports
+(sql/0064_audit_reports.sql); this page reads the latest window of each table, charts the
+delivery latency (p50/p95) of the busiest inboxes over the recent windows, and lists the
+latest audit reports. It never computes anything over the trail itself.
 """
 
 from __future__ import annotations
@@ -29,13 +30,18 @@ CHART_INBOXES = 5
 CHART_WINDOWS = 48
 TABLES: dict[str, tuple[str, ...]] = {
     "latency": ("inbox", "delivered", "p50_ms", "p95_ms", "p99_ms"),
+    "channels": ("sender", "inbox", "delivered", "p50_ms", "p95_ms", "p99_ms"),
     "outcomes": ("inbox", "outcome", "reason", "count", "rate"),
     "conflicts": ("scope", "policy", "outcome", "count"),
     "commands": ("workspace", "action", "commands", "executed", "failed", "rejected",
                  "canceled", "compensated", "compensation_rate"),
+    "needs": ("space", "scope", "cluster_key", "opened", "resolved", "still_open",
+              "ttr_p50_s", "ttr_p95_s"),
     "agents": ("agent", "sent", "received", "acked", "nacked", "marks", "commands",
                "anomaly", "anomaly_score", "anomaly_reason"),
 }
+AUDITS = 10
+AUDIT_COLUMNS = ("id", "started_at", "finished_at", "taken_at", "ok", "entries", "failed")
 
 
 def latest(store: EnvelopeStore, table: str) -> dict[str, Any]:
@@ -68,13 +74,27 @@ def latency_chart(store: EnvelopeStore, current: dict[str, Any]) -> dict[str, An
     return {"series": names, "data": [[x.timestamp() for x in xs], *columns]}
 
 
+def audits(store: EnvelopeStore) -> list[dict[str, Any]]:
+    """The latest audit reports, newest first; each check's counts by check name."""
+    out = []
+    for row in store.db.fetchall(Q["audits"], {"limit": AUDITS}):
+        report = dict(zip(AUDIT_COLUMNS, row[:-1], strict=True))
+        report["checks"] = [{"check": name, "checked": c.get("checked"),
+                             "failed": c.get("failed")}
+                            for name, c in sorted((row[-1] or {}).items())]
+        out.append(report)
+    return out
+
+
 def analytics(store: EnvelopeStore) -> dict[str, Any]:
     tables = {name: latest(store, name) for name in TABLES}
     runs = store.db.fetchall(Q["runs"], {"limit": 20})
+    reports = audits(store)
     return {"tables": tables, "chart": latency_chart(store, tables["latency"]),
             "runs": [dict(zip(("job", "window_start", "window_end", "computed_at",
                                "source_rows"), r, strict=True)) for r in runs],
-            "empty": not runs and not any(t["rows"] for t in tables.values())}
+            "audits": reports,
+            "empty": not runs and not reports and not any(t["rows"] for t in tables.values())}
 
 
 @router.get("/analytics")
