@@ -27,6 +27,7 @@ from agentpost.marks.guard import SYSTEM_AGENT_ID
 from agentpost.protocol.errors import AgentpostError, ConfigurationError, InvalidInput
 from agentpost.spark import jobargs
 from agentpost.spark.results import TableRows, Window, replace_window, rows_of
+from agentpost.spark.session import sized_shuffles
 from agentpost.spark.settings import SparkSettings
 from agentpost.spark.source import Snapshot
 from agentpost.store.queries import load_queries
@@ -98,8 +99,9 @@ def run_analytics(spark: SparkSession, settings: SparkSettings, window: Window,
     with Snapshot(spark, settings) as snap:
         src = _Sources(snap, window)
         try:
-            tables = _tables(src, options)
             source_rows = src.entries.count()
+            with sized_shuffles(spark, source_rows, settings):
+                tables = _tables(src, options)
         finally:
             src.release()
     replace_window(settings.libpq, JOB, window, tables, source_rows)

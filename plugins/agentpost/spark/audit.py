@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentpost.protocol.anchor import Checkpoint, load, mismatches
 from agentpost.protocol.errors import AgentpostError, InvalidInput
 from agentpost.spark.jobargs import add_common, settings_from
+from agentpost.spark.session import sized_shuffles
 from agentpost.spark.settings import SparkSettings
 from agentpost.spark.source import Snapshot
 from agentpost.store.db import one_line, translate
@@ -49,11 +50,6 @@ _COMMANDS = "SELECT c.id, c.state FROM agentpost.commands c"
 #: offenders named per check at most (Spark limits a row_number filter up to 1,000 in each
 #: partition before the shuffle: spark.sql.optimizer.windowGroupLimitThreshold)
 MAX_FIRST = 1_000
-_SHUFFLE = "spark.sql.shuffle.partitions"
-_ADAPTIVE = "spark.sql.adaptive.enabled"
-#: entries per shuffle partition, and the most partitions, unless settings.partitions says
-SHUFFLE_ROWS = 200_000
-MAX_SHUFFLE = 2_000
 #: the pseudo-check that counts delivered_once's pending envelopes
 PENDING = "delivered_once.pending"
 _ROUTES = ("SELECT r.id, r.envelope_id, r.current, r.end_actor, r.phase "
@@ -116,33 +112,19 @@ def run_audit(spark: SparkSession, settings: SparkSettings, *,
         trail = snap.trail().persist(StorageLevel.MEMORY_AND_DISK)
         envelopes = snap.table(_ENVELOPES, partition_column="seq").persist(
             StorageLevel.MEMORY_AND_DISK)
-        saved = {name: spark.conf.get(name) for name in (_SHUFFLE, _ADAPTIVE)}
         try:
             entries = trail.count()
             envelopes.count()
-            partitions = shuffle_partitions(entries, settings)
-            spark.conf.set(_SHUFFLE, str(partitions))
-            if partitions == 1:
-                # nothing to coalesce or split: adaptive execution would only cut the plan
-                # into three times as many jobs, run one after another (measured)
-                spark.conf.set(_ADAPTIVE, "false")
-            checks = _run_checks(trail, envelopes, snap, settings.key, entries, first)
-            checks["checkpoint_anchors"] = _anchors(spark, trail, loaded, first)
+            with sized_shuffles(spark, entries, settings):
+                checks = _run_checks(trail, envelopes, snap, settings.key, entries, first)
+                checks["checkpoint_anchors"] = _anchors(spark, trail, loaded, first)
         finally:
-            for name, value in saved.items():
-                spark.conf.set(name, value)
             trail.unpersist()
             envelopes.unpersist()
         taken_at = snap.taken_at
     ordered = {name: checks[name] for name in CHECKS}
     return AuditReport(ok=all(c.failed == 0 for c in ordered.values()), started_at=started,
                        taken_at=taken_at, entries=entries, checks=ordered)
-
-
-def shuffle_partitions(entries: int, settings: SparkSettings) -> int:
-    """The audit's shuffle partitions: the configured number, else one per SHUFFLE_ROWS
-    entries (Spark's default of 200 costs seconds of empty tasks on a small trail)."""
-    return settings.partitions or max(1, min(MAX_SHUFFLE, -(-entries // SHUFFLE_ROWS)))
 
 
 def _run_checks(trail: DataFrame, envelopes: DataFrame, snap: Snapshot, key: bytes,

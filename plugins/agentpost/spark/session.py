@@ -8,12 +8,45 @@ is `master` (default `local[*]`).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from agentpost.spark.settings import SparkSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+
+_SHUFFLE = "spark.sql.shuffle.partitions"
+_ADAPTIVE = "spark.sql.adaptive.enabled"
+#: rows per shuffle partition, and the most partitions, unless settings.partitions says
+SHUFFLE_ROWS = 200_000
+MAX_SHUFFLE = 2_000
+
+
+def shuffle_partitions(rows: int, settings: SparkSettings) -> int:
+    """A job's shuffle partitions: the configured number, else one per SHUFFLE_ROWS rows
+    (Spark's default of 200 costs seconds of empty tasks on a small input)."""
+    return settings.partitions or max(1, min(MAX_SHUFFLE, -(-rows // SHUFFLE_ROWS)))
+
+
+@contextmanager
+def sized_shuffles(spark: SparkSession, rows: int, settings: SparkSettings) -> Iterator[int]:
+    """Shuffle partitions sized to a job's `rows` for its duration (the session's settings
+    restored after). With one partition adaptive execution is off: there is nothing to
+    coalesce or split, and it would only cut the plan into three times as many jobs, run one
+    after another (measured: 43 jobs against 18 for a small audit)."""
+    saved = {name: spark.conf.get(name) for name in (_SHUFFLE, _ADAPTIVE)}
+    partitions = shuffle_partitions(rows, settings)
+    try:
+        spark.conf.set(_SHUFFLE, str(partitions))
+        if partitions == 1:
+            spark.conf.set(_ADAPTIVE, "false")
+        yield partitions
+    finally:
+        for name, value in saved.items():
+            spark.conf.set(name, value)
 
 
 def spark_session(app_name: str, settings: SparkSettings, *, master: str | None = None,
