@@ -143,7 +143,6 @@ def run(*, dsn: str | None = None, scale: float = 1.0) -> int:
     from agentpost.spark.results import Window
     from agentpost.spark.session import spark_session
     from agentpost.spark.settings import SparkSettings
-    from agentpost.spark.source import Snapshot
 
     events = max(1_000, int(EVENTS * scale))
     key = Settings.from_env().trail_key.encode("utf-8")
