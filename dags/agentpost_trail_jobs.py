@@ -6,7 +6,8 @@ it as `local[*]`, docker/compose.yaml as its standalone master).
   into the analytics tables, which the agentpost page shows (Browse -> Agents -> analytics).
 - ``agentpost_trail_audit``, nightly at 02:00: the whole trail audited against the newest
   signed checkpoint the maintenance DAG keeps (AGENTPOST_CHECKPOINT_DIR, as in
-  agentpost_maintenance.py); the task fails when a check fails, and the report is in its log
+  agentpost_maintenance.py; before its first checkpoint, the log warns that the heads were
+  checked against none); the task fails when a check fails, and the report is in its log
   and on the analytics page.
 - ``agentpost_trail_export``, weekly: entries older than a week copied to Parquet under
   AGENTPOST_TRAIL_ARCHIVE (default ``agentpost-trail-archive`` under AIRFLOW_HOME), which the
@@ -49,7 +50,9 @@ with DAG("agentpost_trail_analytics", schedule="@daily",
 with DAG("agentpost_trail_audit", schedule="0 2 * * *",
          description="agentpost: the whole trail audited nightly, with Spark", **COMMON):
     TrailJobOperator(task_id="audit", job="audit",
-                     job_args=["--archive", ARCHIVE, "--checkpoint-dir", CHECKPOINTS],
+                     job_args=["--archive", ARCHIVE, "--checkpoint-dir", CHECKPOINTS,
+                               # a fresh install has none until maintenance first ran
+                               "--no-checkpoint-ok"],
                      execution_timeout=timedelta(hours=6), retries=0)
 
 with DAG("agentpost_trail_export", schedule="@weekly",

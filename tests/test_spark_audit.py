@@ -477,10 +477,13 @@ def _reports(dsn: str) -> list[tuple]:
                      " ORDER BY id")
 
 
-def test_spark_submit_exits_0_on_a_clean_trail_and_1_on_a_tampered_one(
+def test_spark_submit_exits_0_on_a_clean_trail(
         seeded: Seed, copy_dsn: str, tmp_path: Path) -> None:
     """The job as Airflow submits it: exit 0 and an ok report (file, stdout and an
-    audit_reports row) on a clean trail; exit 1 on a tampered one, so the task fails."""
+    audit_reports row) on a clean trail, checked against the newest checkpoint of the
+    directory. (Exit 1 on a tampered trail, and the Airflow task failing with it, runs
+    through spark-submit under dag.test() in tests/test_spark_airflow.py: one JVM start
+    fewer in the suite.)"""
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
     (checkpoints / "checkpoint-20000101T000000.000000Z.json").write_text("not read")
@@ -497,18 +500,6 @@ def test_spark_submit_exits_0_on_a_clean_trail_and_1_on_a_tampered_one(
     assert [(ok, n, failed) for ok, n, failed, _ in _reports(copy_dsn)] == [
         (True, seeded.entries, 0)]
 
-    row = seeded.ids["row-2"]
-    _sql(copy_dsn, "UPDATE agentpost.envelopes SET consumed_at = now() WHERE id = %s", (row,))
-    run = _spark_submit(args)
-    assert run.returncode == 1, run.stderr[-3000:]
-    assert "FAILED" in run.stdout
-    saved = json.loads(report.read_text())
-    assert saved["ok"] is False
-    assert saved["checks"]["envelope_rows"]["first"] == [row]
-    assert saved["checks"]["lifecycle_entries"]["first"] == [row]  # consumed, no entry
-    rows = _reports(copy_dsn)
-    assert [(ok, failed) for ok, _, failed, _ in rows] == [(True, 0), (False, 2)]
-    assert rows[1][3]["checks"]["envelope_rows"]["first"] == [row]
 
 
 def _forged(seed: Seed, path: Path) -> Path:

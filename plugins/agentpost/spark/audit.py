@@ -227,6 +227,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="the maintenance DAG's checkpoint directory: its newest "
                         "checkpoint-*.json is checked")
+    p.add_argument("--no-checkpoint-ok", action="store_true",
+                   help="with --checkpoint-dir: a directory with no checkpoint yet (a fresh "
+                        "install, before the maintenance DAG's first run) is a warning, not an "
+                        "error; the chain heads are then checked against nothing")
     p.add_argument("--report", metavar="PATH", help="also write the report (JSON) here")
     p.add_argument("--first", type=_count, default=20, metavar="N",
                    help="offending ids named per check (default 20)")
@@ -241,6 +245,12 @@ def _count(text: str) -> int:
     if not 0 <= value <= MAX_FIRST:
         raise argparse.ArgumentTypeError(f"must be from 0 to {MAX_FIRST}")
     return value
+
+
+def _has_checkpoint(directory: str) -> bool:
+    path = Path(directory)
+    return path.is_dir() and any(p.name.startswith(CHECKPOINT_PREFIX)
+                                 and p.name.endswith(CHECKPOINT_SUFFIX) for p in path.iterdir())
 
 
 def newest_checkpoint(directory: str) -> Path:
@@ -313,7 +323,12 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from(args)
         settings.jdbc()
         settings.require_jar()
-        checkpoints = read_checkpoints(args.checkpoint, args.checkpoint_dir, settings.key)
+        directory = args.checkpoint_dir
+        if directory and args.no_checkpoint_ok and not _has_checkpoint(directory):
+            print(f"agentpost audit: warning: no checkpoint in {directory} yet: the chain heads "
+                  "are not checked against a signed checkpoint this run", file=sys.stderr)
+            directory = None
+        checkpoints = read_checkpoints(args.checkpoint, directory, settings.key)
         _check_report_path(args.report)
     except AgentpostError as exc:
         print(f"agentpost audit: {one_line(str(exc))}", file=sys.stderr)
