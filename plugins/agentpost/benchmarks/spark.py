@@ -160,6 +160,9 @@ def run(*, dsn: str | None = None, scale: float = 1.0) -> int:
         report.add("trail filled (COPY)", f"{entries:,} entries, {plan.envelopes:,} envelopes "
                                           f"in {fill_s:.1f} s ({entries / fill_s:,.0f} rows/s)")
         settings = SparkSettings.from_env(dsn=bench_dsn, trail_key=key.decode("utf-8"))
+        from pyspark.sql import SparkSession
+
+        ours = SparkSession.getActiveSession() is None  # a caller's session stays up
         spark = spark_session("agentpost-bench-spark", settings, master="local[2]",
                               driver_memory=DRIVER_MEMORY)
         try:
@@ -181,7 +184,8 @@ def run(*, dsn: str | None = None, scale: float = 1.0) -> int:
                        f"{sql_s:8.1f} s  {entries / sql_s:>12,.0f} rows/s  "
                        f"(Spark analytics {analytics_s / sql_s:.2f}x its time)")
         finally:
-            spark.stop()
+            if ours:
+                spark.stop()
     report.goal(f"audit of {entries:,} events under {AUDIT_GOAL_S / 60:.0f} min "
                 f"({audit_s:.1f} s)", audit_s < AUDIT_GOAL_S and audit.ok)
     report.goal(f"JDBC read within {JDBC_GOAL_RATIO:.0f}x of COPY TO STDOUT "
