@@ -964,14 +964,15 @@ def test_metrics_of_section_9_11(make_space):
 
 def test_structured_log_sink_writes_json(caplog):
     """§9.11 StructuredLogSink: JSON records through Python logging; NullSink discards."""
-    sink = StructuredLogSink()
+    sink = StructuredLogSink("agentpost.marks.telemetry")
     emitter = Emitter(sink, lambda: T0)
-    with caplog.at_level(logging.INFO, logger="agentpost.marks.telemetry"):
+    with caplog.at_level(logging.DEBUG, logger="agentpost.marks.telemetry"):
         emitter.event("markspace.test", agent_id=uuid4(), verdict=Verdict.ALLOW)
         emitter.count(MARKS_WRITTEN, {"scope": "feed"})
     payloads = [json.loads(record.getMessage()) for record in caplog.records]
-    assert payloads[0]["event"]["attributes"]["verdict"] == "allow"
-    assert payloads[1]["metric"]["name"] == MARKS_WRITTEN
+    assert payloads[0]["verdict"] == "allow" and payloads[0]["operation"] == "test"
+    assert payloads[0]["attributes"]["verdict"] == "allow"
+    assert payloads[1]["metric"] == MARKS_WRITTEN and payloads[1]["scope"] == "feed"
     NullSink().log_event(None)  # accepts anything, does nothing
 
 
