@@ -55,7 +55,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict
 
 from agentpost.marks.barrier import PrincipalTokenRejected
-from agentpost.marks.core import InvalidArgument, MarkType, Observation, Warning
+from agentpost.marks.core import AnyMark, InvalidArgument, MarkType, Observation, Warning
 
 DEFAULT_WINDOW_SECONDS = 300.0
 DEFAULT_K = 3.5
@@ -539,7 +539,9 @@ class EnvelopeConfig:
     agent, so each learns its own baseline."""
 
     window_seconds: float = DEFAULT_WINDOW_SECONDS
-    detector_factory: Callable[[uuid.UUID], AnomalyDetector] = field(default=_default_detector)
+    detector_factory: Callable[[uuid.UUID], AnomalyDetector] = field(
+        default_factory=lambda: _default_detector
+    )
     tracked_types: frozenset[MarkType] = TRACKED_TYPES
     concentration_threshold: int = DEFAULT_CONCENTRATION_THRESHOLD
     global_escalation_threshold: int = DEFAULT_GLOBAL_ESCALATION_THRESHOLD
@@ -547,19 +549,23 @@ class EnvelopeConfig:
 
 
 @dataclass
-class WindowCounts:
+class _WindowCounts:
     """Per-type counts of one window and when it opened (None: at the next counted write)."""
 
     counts: dict[MarkType, int] = field(default_factory=dict)
     start: float | None = 0.0
 
 
+#: public name of a window's counts (the package keeps it private)
+WindowCounts = _WindowCounts
+
+
 @dataclass
 class AgentStats:
     """A read-only view of one agent's envelope state (the package's diagnostics)."""
 
-    current_window: WindowCounts = field(default_factory=WindowCounts)
-    previous_window: WindowCounts = field(default_factory=WindowCounts)
+    current_window: _WindowCounts = field(default_factory=_WindowCounts)
+    previous_window: _WindowCounts = field(default_factory=_WindowCounts)
     welford_n: dict[MarkType, int] = field(default_factory=dict)
     welford_mean: dict[MarkType, float] = field(default_factory=dict)
     welford_m2: dict[MarkType, float] = field(default_factory=dict)
@@ -571,7 +577,7 @@ class AgentStats:
 class _AgentState:
     detector: Any
     window: int | None = None
-    current: WindowCounts = field(default_factory=lambda: WindowCounts(start=None))
+    current: _WindowCounts = field(default_factory=lambda: _WindowCounts(start=None))
     scope_counts: Counter[tuple[MarkType, str]] = field(default_factory=Counter)
     seen_flags: set[tuple[Any, ...]] = field(default_factory=set)
     restricted: Finding | None = None
@@ -673,7 +679,7 @@ class StatisticalEnvelope:
             state = self._state(agent_id, opens_at=self._clock())
             state.detector.seed_baseline(per_window)
 
-    def record(self, agent_id: uuid.UUID, mark: Any) -> None:
+    def record(self, agent_id: uuid.UUID, mark: AnyMark) -> None:
         """Count a stored mark; the signature of a space write hook (``as_write_hook``)."""
         if self.windowed:
             at = mark.created_at if mark.created_at is not None else 0.0
@@ -826,7 +832,7 @@ class StatisticalEnvelope:
                 if self.windowed
                 else self.config.detector_factory(agent_id)
             )
-            state = _AgentState(detector=detector, current=WindowCounts(start=opens_at))
+            state = _AgentState(detector=detector, current=_WindowCounts(start=opens_at))
             self._agents[agent_id] = state
         return state
 
@@ -855,7 +861,7 @@ class StatisticalEnvelope:
             return
         if state.current.counts:
             state.detector.observe(dict(state.current.counts))
-        state.current = WindowCounts(start=now)
+        state.current = _WindowCounts(start=now)
         state.scope_counts.clear()
         for writers in self._recent_writers.values():
             writers.discard(agent_id)
@@ -1022,8 +1028,8 @@ class StatisticalEnvelope:
         if isinstance(detector, WindowedDetector):
             start = (detector.current_index or 0) * self.window_seconds
             return AgentStats(
-                current_window=WindowCounts(dict(detector.current), start),
-                previous_window=WindowCounts(dict(detector.previous), start - self.window_seconds),
+                current_window=_WindowCounts(dict(detector.current), start),
+                previous_window=_WindowCounts(dict(detector.previous), start - self.window_seconds),
                 welford_n={t: s.n for t, s in detector.stats.items()},
                 welford_mean={t: s.mean for t, s in detector.stats.items()},
                 welford_m2={t: s.m2 for t, s in detector.stats.items()},
@@ -1031,7 +1037,7 @@ class StatisticalEnvelope:
                 restricted=restricted,
             )
         stats = AgentStats(
-            current_window=WindowCounts(dict(state.current.counts), state.current.start),
+            current_window=_WindowCounts(dict(state.current.counts), state.current.start),
             restricted=restricted,
         )
         diagnostics = getattr(detector, "diagnostic_stats", None)

@@ -38,6 +38,7 @@ from uuid import UUID
 
 from agentpost.marks.core import (
     Agent,
+    AnyMark,
     ConflictPolicy,
     MarkspaceError,
     MarkType,
@@ -234,7 +235,7 @@ class DiagnosticProbe:
         agent_id: uuid.UUID,
         agent_name: str,
         canary_id: uuid.UUID,
-        marks_after: list[Any],
+        marks_after: list[AnyMark],
     ) -> ProbeResult:
         """Judge one agent by the marks it wrote after the canary (the harness collects
         them); the result is kept for `get_results`."""
@@ -253,7 +254,7 @@ class DiagnosticProbe:
     def run_probe(
         self,
         target_scope: str,
-        agents: dict[uuid.UUID, tuple[str, list[Any]]],
+        agents: dict[uuid.UUID, tuple[str, list[AnyMark]]],
         content: Any = None,
     ) -> list[ProbeResult]:
         """One canary, then a verdict per agent (id -> (name, marks after the canary)); a
