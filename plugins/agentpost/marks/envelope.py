@@ -737,13 +737,13 @@ class StatisticalEnvelope:
             )
         with self._lock:
             state = self._agents.get(agent_id)
-            if state is None or state.restricted is None:
+            if state is None:
                 return False
-            state.restricted = None
             if self.windowed:  # ours: the release is not undone by the writes it forgave
                 state.detector.discard_current()
                 state.scope_counts.clear()
-            return True
+            lifted, state.restricted = state.restricted is not None, None
+            return lifted
 
     def export_stats(self) -> dict[str, Any]:
         """Every agent's baseline and restriction, as plain data."""
