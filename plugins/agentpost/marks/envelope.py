@@ -817,11 +817,11 @@ class StatisticalEnvelope:
         window = window_of(now, self.window_seconds)
         normal = Finding(verdict=EnvelopeVerdict.NORMAL, agent_id=agent_id, window=window)
         with self._lock:
+            if not self.windowed:  # an exempt agent has no new counts; old ones still judge
+                return self._evaluate(agent_id, window, now) or normal
             if agent_id in self.exempt_agents:
                 return normal
-            if self.windowed:
-                return self._evaluate_windowed(agent_id, window, now) or normal
-            return self._evaluate(agent_id, window, now) or normal
+            return self._evaluate_windowed(agent_id, window, now) or normal
 
     # internals: the package engine
     def _state(self, agent_id: UUID, opens_at: float | None = None) -> _AgentState:
