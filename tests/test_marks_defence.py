@@ -44,7 +44,7 @@ from agentpost.marks.envelope import (
     EnvelopeVerdict,
     StatisticalEnvelope,
     Welford,
-    WelfordDetector,
+    WindowedDetector,
 )
 from agentpost.marks.guard import (
     SYSTEM_AGENT_ID,
@@ -89,6 +89,8 @@ HYPOTHESIS = settings(
 )
 TOKEN = "principal-secret"
 W = 300.0  # the envelope's default window
+#: closed windows before the package's default detector judges (WelfordConfig.min_samples)
+BASELINE = 10
 START = T0 - (T0 % W)  # a window boundary, so window arithmetic in tests is exact
 ALL_TYPES = ["intent", "action", "observation", "warning", "need"]
 
@@ -162,7 +164,7 @@ def test_p41_cold_start_is_always_normal(bursts, agents):
         for index in range(burst):
             who = ids[index % agents]
             kind = MarkType.NEED if index % 3 else MarkType.OBSERVATION
-            envelope.record_attempt(who, "feed", kind, at(window), topic="x")
+            envelope.record_attempt(who, kind, scope="feed", at=at(window), topic="x")
             assert envelope.check(who, at(window)) is EnvelopeVerdict.NORMAL
     assert not envelope.detector_for(ids[0]).is_ready()
 
@@ -172,8 +174,8 @@ def test_rate_spike_restricts_after_the_baseline(make_space):
     the flag names the scope and type (the write that crossed the line is refused, P42)."""
     space, envelope, guard = guarded(make_space)
     spiky = agent("spiky")
-    steady(space, guard, spiky, windows=6)
-    rejected = flood(space, guard, spiky, window=6, count=10)
+    steady(space, guard, spiky, windows=BASELINE)
+    rejected = flood(space, guard, spiky, window=BASELINE, count=10)
     assert isinstance(rejected[0], EnvelopeRestricted)
     assert all(isinstance(r, BarrierDenied) for r in rejected[1:])
     finding = envelope.evaluate(spiky.id, space.now())
@@ -190,8 +192,8 @@ def test_restriction_invalidates_recent_observations_and_files_an_audit_need(mak
     scope (they drop out of reads) plus an audit Need for the principal."""
     space, _, guard = guarded(make_space)
     spiky = agent("spiky")
-    steady(space, guard, spiky, windows=6)
-    flood(space, guard, spiky, window=6, count=8)
+    steady(space, guard, spiky, windows=BASELINE)
+    flood(space, guard, spiky, window=BASELINE, count=8)
     recent = [
         m
         for m in space.read("feed", mark_type=MarkType.OBSERVATION)
@@ -210,9 +212,9 @@ def test_p40_restriction_is_sticky_until_the_principal_resets(make_space):
     reset(agent, principal_token); a wrong token is refused and changes nothing."""
     space, envelope, guard = guarded(make_space)
     spiky = agent("spiky")
-    steady(space, guard, spiky, windows=6)
-    flood(space, guard, spiky, window=6, count=8)
-    for window in range(7, 20):
+    steady(space, guard, spiky, windows=BASELINE)
+    flood(space, guard, spiky, window=BASELINE, count=8)
+    for window in range(BASELINE + 1, 20):
         assert envelope.check(spiky.id, at(window)) is EnvelopeVerdict.RESTRICTED
     with pytest.raises(PrincipalTokenRejected):
         envelope.reset(spiky.id, "guess")
@@ -230,24 +232,25 @@ def test_p40_sticky_for_any_later_activity(quiet):
     envelope = StatisticalEnvelope(principal_token=TOKEN, min_samples=3)
     who = uuid4()
     for window in range(3):
-        envelope.record_attempt(who, "feed", MarkType.OBSERVATION, at(window))
+        envelope.record_attempt(who, MarkType.OBSERVATION, scope="feed", at=at(window))
     for _ in range(20):
-        envelope.record_attempt(who, "feed", MarkType.OBSERVATION, at(3))
+        envelope.record_attempt(who, MarkType.OBSERVATION, scope="feed", at=at(3))
     assert envelope.check(who, at(3)) is EnvelopeVerdict.RESTRICTED
     for offset, count in enumerate(quiet, start=4):
         for _ in range(count):
-            envelope.record_attempt(who, "feed", MarkType.OBSERVATION, at(offset))
+            envelope.record_attempt(who, MarkType.OBSERVATION, scope="feed", at=at(offset))
         assert envelope.check(who, at(offset, 299)) is EnvelopeVerdict.RESTRICTED
 
 
 def test_type_shift_restricts():
-    """§9.7 check 2: a window whose type mix is far from the history (distance > 0.5)."""
-    envelope = StatisticalEnvelope()
+    """§9.7 check 2, our windowed reading (every mark type counted): a window whose type mix
+    is far from the history (distance > 0.5)."""
+    envelope = StatisticalEnvelope(window_seconds=W)
     rates = {"observation": 120.0, "warning": 60.0, "need": 60.0}  # 10, 5, 5 per window
     who = agent("shifty", manifest=AgentManifest(expected_activity=rates))
     envelope.register(who)
     for _ in range(8):
-        envelope.record_attempt(who.id, "feed", MarkType.NEED, at(0))
+        envelope.record_attempt(who.id, MarkType.NEED, scope="feed", at=at(0))
     finding = envelope.evaluate(who.id, at(0))
     assert finding.verdict is EnvelopeVerdict.RESTRICTED
     assert (finding.kind, finding.mark_type) == (AnomalyKind.TYPE_SHIFT, MarkType.NEED)
@@ -255,7 +258,7 @@ def test_type_shift_restricts():
 
 def test_burst_straddling_a_window_boundary():
     """§9.7 check 1: current + previous > 2·threshold flags a burst split across windows."""
-    detector = WelfordDetector(k=1.0)
+    detector = WindowedDetector(k=1.0)
     detector.seed_baseline({MarkType.OBSERVATION: 2.0})
     for _ in range(8):
         detector.record(MarkType.OBSERVATION, at(0))  # late in window 0, never checked
@@ -283,7 +286,7 @@ def test_declared_baseline_removes_the_cold_start(make_space):
 
 def test_seeded_variance_is_a_quarter_of_the_mean_squared():
     """§9.7: synthetic variance = 25% of mean² (stddev = half the mean)."""
-    detector = WelfordDetector()
+    detector = WindowedDetector()
     detector.seed_baseline({MarkType.OBSERVATION: 8.0})
     stats = detector.stats[MarkType.OBSERVATION]
     assert stats.mean == 8.0 and stats.stddev == pytest.approx(4.0)
@@ -294,11 +297,11 @@ def test_concentration_flags_without_a_barrier(make_space):
     writes one warning on the topic and narrows nothing."""
     space, envelope, guard = guarded(make_space)
     crowd = [agent(f"c{i}") for i in range(3)]
-    for window in range(5):
+    for window in range(BASELINE):
         space.set_clock(at(window))
         for index, who in enumerate(crowd):
             guard.write_mark(who, obs(topic=f"own-{index}"))
-    space.set_clock(at(5))
+    space.set_clock(at(BASELINE))
     for who in crowd:
         guard.write_mark(who, obs(topic="hot"))
     assert envelope.check(crowd[0].id, space.now()) is EnvelopeVerdict.FLAGGED
@@ -330,8 +333,8 @@ def test_p42_rejected_writes_store_nothing(make_space):
     """P42: a write refused by the barrier or by the envelope leaves the space unchanged."""
     space, _, guard = guarded(make_space)
     spiky = agent("spiky")
-    steady(space, guard, spiky, windows=6)
-    space.set_clock(at(6))
+    steady(space, guard, spiky, windows=BASELINE)
+    space.set_clock(at(BASELINE))
     while True:
         before = snapshot(space)
         try:
@@ -388,11 +391,11 @@ def test_escalation_after_three_flags_requires_needs_everywhere(make_space):
     every action wait for the principal (BLOCKED with a Need), Needs stay writable."""
     space, _, guard = guarded(make_space, scopes=("feed", "other", "third", "quiet"))
     who = agent("who", scopes=("feed", "other", "third", "quiet"))
-    for window in range(6):
+    for window in range(BASELINE):
         space.set_clock(at(window))
         for name in ("feed", "other", "third"):
             guard.write_mark(who, obs(name))
-    for window, name in enumerate(("feed", "other", "third"), start=6):
+    for window, name in enumerate(("feed", "other", "third"), start=BASELINE):
         space.set_clock(at(window))
         barrier = guard.barrier_for(who.id)
         flags = barrier.flag_count
@@ -405,7 +408,7 @@ def test_escalation_after_three_flags_requires_needs_everywhere(make_space):
                 pass
         state = barrier.state()
         assert (name, MarkType.OBSERVATION) in state.revoked
-        assert state.flag_count == window - 5
+        assert state.flag_count == window - BASELINE + 1
         assert state.need_all is (state.flag_count >= 3)
     decision = guard.pre_action(who, "quiet", "r", "touch")
     assert decision.verdict is Verdict.BLOCKED and decision.check is GuardCheck.NEED_REQUIRED
@@ -687,7 +690,7 @@ def test_per_round_budgets_cut_reads_and_set_max_tokens(make_space):
 # =========================================================================== rate limits
 
 
-class CountingDetector(WelfordDetector):
+class CountingDetector(WindowedDetector):
     """A default detector that also remembers how many attempts it saw."""
 
     def __post_init__(self) -> None:
@@ -762,11 +765,11 @@ def test_p66_rate_limits_and_envelope_are_independent(make_space):
     envelope = StatisticalEnvelope(principal_token=TOKEN)
     guard = Guard(space, envelope=envelope, principal_token=TOKEN)
     spiky = agent("spiky")
-    steady(space, guard, spiky, windows=6)
-    rejected = flood(space, guard, spiky, window=6, count=10)
+    steady(space, guard, spiky, windows=BASELINE)
+    rejected = flood(space, guard, spiky, window=BASELINE, count=10)
     assert rejected and not any(isinstance(r, RateLimited) for r in rejected)
     declared = agent("declared", manifest=AgentManifest(expected_activity={"observation": 6000.0}))
-    space.set_clock(at(7))
+    space.set_clock(at(BASELINE + 1))
     outcomes = []
     for _ in range(52):
         try:
@@ -964,14 +967,15 @@ def test_metrics_of_section_9_11(make_space):
 
 def test_structured_log_sink_writes_json(caplog):
     """§9.11 StructuredLogSink: JSON records through Python logging; NullSink discards."""
-    sink = StructuredLogSink()
+    sink = StructuredLogSink("agentpost.marks.telemetry")
     emitter = Emitter(sink, lambda: T0)
-    with caplog.at_level(logging.INFO, logger="agentpost.marks.telemetry"):
+    with caplog.at_level(logging.DEBUG, logger="agentpost.marks.telemetry"):
         emitter.event("markspace.test", agent_id=uuid4(), verdict=Verdict.ALLOW)
         emitter.count(MARKS_WRITTEN, {"scope": "feed"})
     payloads = [json.loads(record.getMessage()) for record in caplog.records]
-    assert payloads[0]["event"]["attributes"]["verdict"] == "allow"
-    assert payloads[1]["metric"]["name"] == MARKS_WRITTEN
+    assert payloads[0]["verdict"] == "allow" and payloads[0]["operation"] == "test"
+    assert payloads[0]["attributes"]["verdict"] == "allow"
+    assert payloads[1]["metric"] == MARKS_WRITTEN and payloads[1]["scope"] == "feed"
     NullSink().log_event(None)  # accepts anything, does nothing
 
 

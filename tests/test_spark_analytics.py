@@ -409,7 +409,7 @@ def _online_envelope(dsn: str) -> dict[str, bool]:
     restricted: dict[str, bool] = {}
     for agent, created_at in _rows(dsn, "SELECT agent_id::text, created_at FROM agentpost.marks"
                                         " WHERE space = 'history' ORDER BY seq"):
-        env.record_attempt(UUID(agent), "ops", "observation", created_at, topic=agent)
+        env.record_attempt(UUID(agent), "observation", scope="ops", at=created_at, topic=agent)
         verdict = env.evaluate(UUID(agent), created_at).verdict
         restricted[agent] = restricted.get(agent, False) or verdict is EnvelopeVerdict.RESTRICTED
     return restricted

@@ -16,7 +16,6 @@ Readings chosen where the spec leaves room:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from itertools import pairwise
 
 from agentpost.marks.core import (
@@ -49,7 +48,7 @@ def manifest_feeds(producer: AgentManifest, consumer: AgentManifest) -> bool:
     )
 
 
-def validate_pipeline(agents: Sequence[Agent]) -> list[str]:
+def validate_pipeline(agents: list[Agent]) -> list[str]:
     """Problems with the pipeline `agents[0] -> agents[1] -> ...`: an agent without a
     manifest, or a consecutive pair where no output of the first feeds an input of the
     second. Depends on the manifests only (P53)."""

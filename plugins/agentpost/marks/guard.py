@@ -776,7 +776,7 @@ class Guard:
         if self.envelope is None:
             return
         self._register(agent)
-        self.envelope.record_attempt(agent.id, scope, mark_type, now)
+        self.envelope.record_attempt(agent.id, mark_type, scope=scope, at=now)
         self._respond(agent, self.envelope.evaluate(agent.id, now), scope)
 
     def _warn_superseded(self, earlier: Action, new_id: UUID, agent: Agent) -> None:
@@ -1090,7 +1090,7 @@ class Guard:
     ) -> Finding | None:
         if self.envelope is None:
             return None
-        self.envelope.record_attempt(agent.id, scope, mark_type, now, topic)
+        self.envelope.record_attempt(agent.id, mark_type, scope=scope, at=now, topic=topic)
         finding = self.envelope.evaluate(agent.id, now)
         self._respond(agent, finding, scope)
         return finding
