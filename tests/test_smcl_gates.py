@@ -53,7 +53,7 @@ def world(store: EnvelopeStore) -> dict[str, str]:
 
 @pytest.fixture
 def space(dsn: str) -> Iterator[PostgresMarkSpace]:
-    marks = PostgresMarkSpace(dsn, scopes=[SCOPE], space="cmds")
+    marks = PostgresMarkSpace(dsn=dsn, scopes=[SCOPE], space="cmds")
     try:
         yield marks
     finally:

@@ -55,7 +55,7 @@ BOB = Agent(name="bob", scopes={"ops": ALL, "lot": ALL})
 
 @pytest.fixture
 def space(module_dsn: str) -> Iterator[PostgresMarkSpace]:
-    with PostgresMarkSpace(module_dsn, scopes=SCOPES, clock=T0,
+    with PostgresMarkSpace(dsn=module_dsn, scopes=SCOPES, clock=T0,
                            space=f"web-{uuid.uuid4().hex[:8]}") as s:
         yield s
 

@@ -62,6 +62,7 @@ import logging
 import math
 import os
 import threading
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar
@@ -75,6 +76,7 @@ from agentpost.marks.core import (
     Agent,
     DecayConfig,
     DeferredVerdict,
+    Intent,
     InvalidArgument,
     Mark,
     MarkType,
@@ -96,12 +98,16 @@ from agentpost.marks.core import (
 )
 from agentpost.marks.keys import KeyInUse, KeyRecord, check_key, check_same
 from agentpost.marks.space import (
+    GC_EPSILON,
     ClockSpec,
     SpaceBase,
     WriteHook,
     agent_id_of,
     fire_hooks,
+    fit_tokens,
+    grace_arg,
     mark_type_arg,
+    resolved_copy,
 )
 from agentpost.protocol.errors import ConfigurationError, StoreError
 from agentpost.store.db import Database, translate
@@ -287,14 +293,21 @@ class PostgresMarkSpace(SpaceBase):
 
     def __init__(
         self,
-        dsn: str | None = None,
-        scopes: Iterable[Scope] = (),
+        scopes: Iterable[Scope] | None = None,
         clock: ClockSpec = None,
-        space: str = "default",
+        max_marks_per_agent: int | None = None,
         *,
+        dsn: str | None = None,
+        space: str = "default",
         pool_size: int = 4,
         max_content_bytes: int | None = None,
     ) -> None:
+        if isinstance(scopes, str):  # the old signature, (dsn, scopes, clock)
+            warnings.warn("PostgresMarkSpace(dsn, ...) is deprecated: pass dsn=",
+                          DeprecationWarning, stacklevel=2)
+            if dsn is not None:
+                raise InvalidArgument("the DSN is given twice (first argument and dsn=)")
+            dsn, scopes, clock, max_marks_per_agent = scopes, clock, max_marks_per_agent, None
         dsn = dsn or os.environ.get("AGENTPOST_DSN")
         if not dsn:
             raise ConfigurationError("no mark space database: pass a DSN or set AGENTPOST_DSN")
@@ -307,7 +320,7 @@ class PostgresMarkSpace(SpaceBase):
         self.space = space
         self.dsn = libpq_dsn(dsn)
         self._tx = _Transaction()
-        super().__init__(scopes, clock, max_content_bytes)
+        super().__init__(scopes, clock, max_marks_per_agent, max_content_bytes)
         self._db: Database | None = _Pools.acquire(self.dsn, pool_size)
 
     # ----------------------------------------------------------------- lifetime
@@ -365,10 +378,19 @@ class PostgresMarkSpace(SpaceBase):
         scopes = [self.get_scope(m.scope) for m in checked]
         for mark, scope in zip(checked, scopes, strict=True):
             authorize_write(agent, mark, scope)
-        stored = self._store(
-            [(m, agent.id, s.decay, s.visibility) for m, s in zip(checked, scopes, strict=True)]
-        )
-        return [m.id for m in stored]
+        items = [(m, agent.id, s.decay, s.visibility) for m, s in zip(checked, scopes, strict=True)]
+        if self.max_marks_per_agent is None:
+            return [m.id for m in self._store(items)]
+        # count and write under one advisory lock on (space, agent), across processes
+        with self._transaction("agentpost.marks-quota:" + json.dumps([self.space, str(agent.id)])):
+            self._check_quota(agent, checked)
+            return [m.id for m in self._store(items)]
+
+    def _quota_state(self, agent_id: UUID, targets: set[UUID]) -> tuple[int, set[UUID]]:
+        rows = self._rows("quota_state", {"agent_id": str(agent_id),
+                                          "targets": [str(t) for t in targets]})
+        held, owned = rows[0]
+        return int(held), {UUID(str(t)) for t in owned}
 
     def _store(
         self, items: Sequence[tuple[Mark, UUID, DecayConfig, ScopeVisibility]]
@@ -446,12 +468,14 @@ class PostgresMarkSpace(SpaceBase):
         mark_type: MarkType | str | None = None,
         min_strength: float = DEFAULT_MIN_STRENGTH,
         reader: Agent | None = None,
+        max_tokens: int | None = None,
     ) -> list[Mark]:
         """Marks of `scope` matching the filters whose effective strength (decay, trust,
         supersession, warnings; at now, computed in SQL) is > 0 and >= `min_strength`,
-        strongest first (ties: created_at, id). `reader` None is infrastructure and sees
-        full marks; an Agent sees what the scope's visibility allows it (§7.4). One
-        statement, and it writes nothing (P28)."""
+        strongest first (ties: created_at, id), cut to `max_tokens` (`space.fit_tokens`).
+        `reader` None is infrastructure and sees full marks; an Agent sees what the scope's
+        visibility allows it (§7.4). One statement, and it writes nothing (P28)."""
+        fit_tokens([], max_tokens)  # a bad budget is refused before the query
         kind = mark_type_arg(mark_type)
         if reader is not None and not isinstance(reader, Agent):
             raise InvalidArgument(f"reader must be an Agent or None, not {type(reader).__name__}")
@@ -485,7 +509,26 @@ class PostgresMarkSpace(SpaceBase):
         )
         scored = [(_mark(row), row[_N]) for row in rows]
         scored.sort(key=lambda pair: read_order_key(pair[0], pair[1]))
-        return visible_to([m for m, _ in scored], definition, scope, reader)
+        return fit_tokens(visible_to([m for m, _ in scored], definition, scope, reader),
+                          max_tokens)
+
+    def get_intents(self, scope: str, resource: str) -> list[Intent]:
+        """The intents on `resource` in `scope` and its child scopes that are neither
+        superseded nor past their TTL (warnings do not count here), in write order."""
+        self.get_scope(scope)
+        if _text_arg(scope) is None or _text_arg(resource) is None:
+            return []
+        rows = self._rows("intents", {"scope": scope, "resource": resource, "now": self.now()})
+        return [m for m in map(_mark, rows) if isinstance(m, Intent)]
+
+    def gc(self, grace_period: float = 0.0) -> int:
+        """Delete, in one statement, superseded marks and the marks `space.collectable`
+        says are garbage (the same rule in SQL, with each mark's stored decay). Returns how
+        many rows went. Safe beside writers in other processes: a mark is only deleted once
+        no read can return it again."""
+        grace = grace_arg(grace_period)
+        rows = self._rows("gc", {"now": self.now(), "grace": grace, "epsilon": GC_EPSILON})
+        return len(rows)
 
     @staticmethod
     def _prune(now: float, kind: MarkType | None, by_resource: bool, threshold: float) -> float:
@@ -575,20 +618,23 @@ class PostgresMarkSpace(SpaceBase):
 
     # ----------------------------------------------------------------- needs
 
-    def resolve(self, need_mark_id: UUID, resolving_action_id: UUID) -> UUID:
-        """Resolve a need (§8.3): write a copy with `resolved_by` that supersedes it, so the
-        need is at strength 0 on the next read (P29, P30). Returns the copy's id. Serialized
-        per need across processes, so a need is resolved once."""
+    def resolve(
+        self, need_mark_id: UUID, resolving_action_id: UUID, agent: Agent | None = None
+    ) -> UUID:
+        """Resolve a need (§8.3) with a stored, successful action: write a copy with
+        `resolved_by` that supersedes it, so the need is at strength 0 on the next read
+        (P29, P30). `agent`, if given, must be allowed to write actions in the need's scope.
+        Returns the copy's id. Serialized per need across processes, so a need is resolved
+        once."""
         if not isinstance(need_mark_id, UUID):
             raise UnknownMark(f"no mark {need_mark_id!r} in this space")
         with self._transaction(f"agentpost.marks.resolve:{self.space}:{need_mark_id}"):
             need = self.get(need_mark_id)
             if need is None:
                 raise UnknownMark(f"no mark {need_mark_id} in this space")
-            self._check_resolvable(need, resolving_action_id)
-            copy = need.model_copy(
-                update={"resolved_by": resolving_action_id, "supersedes": need.id}
-            )
+            action = self._check_resolvable(need, resolving_action_id, agent)
+            assert isinstance(need, Need)
+            copy = resolved_copy(need, action)
             try:
                 visibility = self.get_scope(need.scope).visibility
             except UnknownScope:

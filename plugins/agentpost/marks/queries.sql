@@ -204,3 +204,61 @@ RETURNING calls
 DELETE FROM agentpost.mark_keys
  WHERE space = %(space)s AND key = %(key)s AND kind = 'execute' AND mark_id IS NULL
 RETURNING calls
+
+-- name: quota_state
+-- The agent's live marks (stored, not superseded; sql/0065_mark_quota.sql), and which of the
+-- given ids are among them (marks the write supersedes give their place back).
+SELECT count(*),
+       coalesce(array_agg(m.id) FILTER (WHERE m.id = ANY (%(targets)s::uuid[])), '{}')
+  FROM agentpost.marks m
+ WHERE m.space = %(space)s AND m.agent_id = %(agent_id)s
+   AND (SELECT true FROM agentpost.marks x
+         WHERE x.space = m.space AND x.supersedes = m.id LIMIT 1) IS NULL
+
+-- name: intents
+-- get_intents: intents on one resource in a scope or its children, neither superseded nor
+-- past their TTL (warnings do not count), in write order. Live intents only (marks_intents).
+SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes, resource,
+       action, topic, confidence, source, invalidates, severity, priority, blocking,
+       resolved_by, failed, body
+  FROM agentpost.marks m
+ WHERE m.space = %(space)s AND m.mark_type = 'intent' AND m.fades_at >= %(now)s
+   AND m.resource = %(resource)s
+   AND (m.scope = %(scope)s OR starts_with(m.scope, %(scope)s || '/'))
+   AND agentpost.mark_base_strength(m.mark_type, m.initial_strength, m.created_at,
+                                    %(now)s, m.half_life, m.ttl, false, m.source) > 0
+   AND (SELECT true FROM agentpost.marks x
+         WHERE x.space = m.space AND x.supersedes = m.id LIMIT 1) IS NULL
+ ORDER BY m.created_at, m.seq
+
+-- name: gc
+-- gc(grace_period): superseded marks, intents grace seconds past their TTL, resolved needs,
+-- observations and warnings whose decay-times-trust strength is below 1e-10 and has been for
+-- grace seconds (space.collectable is the same rule in Python). Actions stay (P2).
+WITH doomed AS (
+    SELECT m.id
+      FROM agentpost.marks m
+     WHERE m.space = %(space)s
+       AND ((SELECT true FROM agentpost.marks x
+              WHERE x.space = m.space AND x.supersedes = m.id LIMIT 1)
+            OR (m.mark_type = 'need' AND m.resolved_by IS NOT NULL)
+            OR (m.mark_type = 'intent'
+                AND agentpost.mark_base_strength(m.mark_type, m.initial_strength,
+                                                 m.created_at, %(now)s, m.half_life, m.ttl,
+                                                 false, m.source) <= 0
+                AND %(now)s::float8 - m.created_at >= m.ttl + %(grace)s::float8)
+            OR (m.mark_type IN ('observation', 'warning')
+                AND agentpost.mark_base_strength(m.mark_type, m.initial_strength,
+                                                 m.created_at, %(now)s, m.half_life, m.ttl,
+                                                 false, m.source) < %(epsilon)s
+                AND (%(grace)s::float8 <= 0
+                     OR %(now)s::float8 - m.created_at
+                        >= CASE WHEN m.initial_strength > %(epsilon)s
+                                THEN m.half_life * (ln(m.initial_strength / %(epsilon)s)
+                                                    / ln(2::float8))
+                                ELSE 0 END + %(grace)s::float8)))
+)
+DELETE FROM agentpost.marks d
+ USING doomed
+ WHERE d.id = doomed.id
+RETURNING d.id

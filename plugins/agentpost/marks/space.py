@@ -69,11 +69,14 @@ from agentpost.marks.core import (
     InvalidArgument,
     InvalidMark,
     Mark,
+    MarkspaceError,
     MarkType,
     Need,
     NeedCluster,
+    Observation,
     Scope,
     ScopeVisibility,
+    UnauthorizedWrite,
     UnknownMark,
     UnknownScope,
     Warning,
@@ -87,12 +90,27 @@ from agentpost.marks.core import (
     new_mark_id,
     project_mark,
     read_order_key,
+    resolve_conflict,
     revalidate,
     scope_ancestors,
+    scope_covers,
     trust_weight,
     visible_to,
 )
 from agentpost.marks.keys import KeyInUse, KeyRecord, check_key, check_same
+
+try:  # the package's exception names (issue 15), defined by core.py
+    from agentpost.marks.core import (  # type: ignore[attr-defined]
+        QuotaExceededError,
+        ScopeError,
+        ValidationError,
+    )
+except ImportError:  # pragma: no cover - until core.py defines them; then this block goes
+    ScopeError = UnauthorizedWrite  # type: ignore[misc]
+    ValidationError = (InvalidMark, UnknownScope, UnknownMark)  # type: ignore[assignment,misc]
+
+    class QuotaExceededError(MarkspaceError):  # type: ignore[no-redef]
+        """An agent already holds `max_marks_per_agent` live marks in the space."""
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +282,78 @@ def mark_type_arg(mark_type: MarkType | str | None) -> MarkType | None:
         raise InvalidArgument(f"unknown mark type {mark_type!r}") from None
 
 
+def quota_arg(limit: object) -> int | None:
+    """`max_marks_per_agent`: None (no limit) or a count >= 0."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise InvalidArgument(f"max_marks_per_agent is None or an int >= 0, not {limit!r}")
+    return limit
+
+
+def fit_tokens(marks: list[Mark], max_tokens: int | None) -> list[Mark]:
+    """The longest prefix of `marks` (strongest first) whose estimated tokens, 4
+    characters of `str(mark.model_dump())` each, add up to at most `max_tokens`: the
+    package's read budget. What is left out stays in the space."""
+    if max_tokens is None:
+        return marks
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise InvalidArgument(f"max_tokens is None or an int, not {max_tokens!r}")
+    kept: list[Mark] = []
+    used = 0
+    for mark in marks:
+        used += len(str(mark.model_dump())) // 4
+        if used > max_tokens:
+            break
+        kept.append(mark)
+    return kept
+
+
+#: observations and warnings below this decay-times-trust strength are garbage (gc)
+GC_EPSILON = 1e-10
+
+
+def collectable(mark: Mark, decay: DecayConfig, now: float, grace_period: float) -> bool:
+    """Whether `gc(grace_period)` deletes an unsuperseded `mark` (superseded marks always
+    go): an intent `grace_period` after its TTL, a resolved need at once, an observation or
+    warning once its decay-times-trust strength (warnings not counted: P35, a warned mark may
+    recover) is below GC_EPSILON and `grace_period` has passed since it got there; never an
+    action (P2)."""
+    age = now - mark.created_at
+    if isinstance(mark, Intent):
+        return compute_strength(mark, now, decay) <= 0.0 and age >= decay.intent_ttl + grace_period
+    if isinstance(mark, Need):
+        return mark.resolved_by is not None
+    if not isinstance(mark, Observation | Warning):
+        return False
+    if compute_strength(mark, now, decay) * trust_weight(mark) >= GC_EPSILON:
+        return False
+    if grace_period <= 0.0:
+        return True
+    half_life = (decay.observation_half_life if isinstance(mark, Observation)
+                 else decay.warning_half_life)
+    faded = (half_life * math.log2(mark.initial_strength / GC_EPSILON)
+             if mark.initial_strength > GC_EPSILON else 0.0)
+    return age >= faded + grace_period
+
+
+def grace_arg(grace_period: object) -> float:
+    if isinstance(grace_period, bool) or not isinstance(grace_period, int | float):
+        raise InvalidArgument(f"grace_period must be a number, not {grace_period!r}")
+    if not grace_period >= 0:
+        raise InvalidArgument(f"grace_period must be non-negative, got {grace_period}")
+    return float(grace_period)
+
+
+def resolved_copy(need: Need, action: Action) -> Need:
+    """The copy of `need` that resolves it with `action` (§8.3): it supersedes the need
+    and names the action and the agent that took it."""
+    update: dict[str, object] = {"resolved_by": action.id, "supersedes": need.id}
+    if "resolved_by_agent" in Need.model_fields:
+        update["resolved_by_agent"] = action.agent_id
+    return need.model_copy(update=update)
+
+
 def fire_hooks(hooks: Sequence[WriteHook], writes: Sequence[tuple[UUID, Mark]]) -> None:
     """Run snapshotted write hooks outside any lock; a failing hook changes nothing (P33)."""
     for agent_id, mark in writes:
@@ -280,17 +370,20 @@ class SpaceBase(ABC):
 
     def __init__(
         self,
-        scopes: Iterable[Scope] = (),
+        scopes: Iterable[Scope] | None = None,
         clock: ClockSpec = None,
+        max_marks_per_agent: int | None = None,
         max_content_bytes: int | None = None,
     ) -> None:
         #: the largest content of one mark this space stores (bytes of JSON)
         self.max_content_bytes = mark_content_limit(max_content_bytes)
+        #: the most live marks one agent may hold (None: no limit); see `write`
+        self.max_marks_per_agent = quota_arg(max_marks_per_agent)
         self._lock = threading.RLock()
         self._clock = make_clock(clock)
         self._scopes: dict[str, Scope] = {}
         self._hooks: dict[UUID, WriteHook] = {}
-        for scope in scopes:
+        for scope in scopes or ():
             self.register_scope(scope)
 
     @abstractmethod
@@ -325,16 +418,17 @@ class SpaceBase(ABC):
         with self._lock:
             self._scopes[scope.name] = scope
 
-    def get_scope(self, name: str) -> Scope:
-        """The definition governing `name`: its own, else the nearest defined ancestor's."""
-        if not isinstance(name, str) or not name:
-            raise UnknownScope(f"no scope named {name!r}")
+    def get_scope(self, scope_name: str) -> Scope:
+        """The definition governing `scope_name`: its own, else the nearest defined
+        ancestor's. UnknownScope (a ValidationError) when there is none."""
+        if not isinstance(scope_name, str) or not scope_name:
+            raise UnknownScope(f"no scope named {scope_name!r}")
         scopes = self._scopes
-        for candidate in scope_ancestors(name):
+        for candidate in scope_ancestors(scope_name):
             found = scopes.get(candidate)
             if found is not None:
                 return found
-        raise UnknownScope(f"no scope {name!r} (nor any ancestor of it) is registered")
+        raise UnknownScope(f"no scope {scope_name!r} (nor any ancestor of it) is registered")
 
     def registered_scopes(self) -> list[Scope]:
         with self._lock:
@@ -352,17 +446,43 @@ class SpaceBase(ABC):
 
     def write(self, agent: Agent, mark: Mark) -> UUID:
         """Store `mark` for `agent` with a fresh id and created_at = now (§8.1). Raises a
-        typed error and stores nothing if the agent, the mark or the scope say no."""
+        typed error and stores nothing if the agent, the mark, the scope or the agent's
+        quota say no."""
         return self.write_many(agent, [mark])[0]
 
-    def add_write_hook(self, callback: WriteHook) -> UUID:
-        """Call `callback(agent_id, stored_mark)` after every successful write made through
-        this object (§8.6). Hooks are process-local."""
-        if not callable(callback):
+    @abstractmethod
+    def _quota_state(self, agent_id: UUID, targets: set[UUID]) -> tuple[int, set[UUID]]:
+        """The agent's live marks (stored, not superseded) and which of `targets` are
+        among them. Under the lock that serializes the agent's writes."""
+
+    def _check_quota(self, agent: Agent, marks: Sequence[Mark]) -> None:
+        """QuotaExceededError when writing `marks` one by one would find the agent
+        already holding `max_marks_per_agent` live marks; a mark that supersedes one of the
+        agent's live marks gives its place back after it is written."""
+        limit = self.max_marks_per_agent
+        if limit is None:
+            return
+        targets = {m.supersedes for m in marks if m.supersedes is not None}
+        held, owned = self._quota_state(agent.id, targets)
+        for mark in marks:
+            if held >= limit:
+                raise QuotaExceededError(
+                    f"agent {agent.name!r} holds {held} live marks, its quota is {limit}; "
+                    "marks come back when superseded or collected by gc()"
+                )
+            held += 1
+            if mark.supersedes in owned:
+                owned.discard(mark.supersedes)
+                held -= 1
+
+    def add_write_hook(self, hook: WriteHook) -> UUID:
+        """Call `hook(agent_id, stored_mark)` after every successful write made through
+        this object (§8.6). Hooks are process-local. Returns the handle that removes it."""
+        if not callable(hook):
             raise InvalidArgument("a write hook must be callable")
         handle = uuid4()
         with self._lock:
-            self._hooks[handle] = callback
+            self._hooks[handle] = hook
         return handle
 
     def remove_write_hook(self, handle: UUID) -> bool:
@@ -385,8 +505,31 @@ class SpaceBase(ABC):
     def read(self, scope: str, resource: str | None = None, topic: str | None = None,
              mark_type: MarkType | str | None = None,
              min_strength: float = DEFAULT_MIN_STRENGTH,
-             reader: Agent | None = None) -> list[Mark]:
+             reader: Agent | None = None, max_tokens: int | None = None) -> list[Mark]:
         """§8.2's read."""
+
+    def get_mark(self, mark_id: UUID) -> Mark | None:
+        """The stored mark with this id, or None (the package's name for `get`)."""
+        return self.get(mark_id)
+
+    @abstractmethod
+    def get_intents(self, scope: str, resource: str) -> list[Intent]:
+        """The intents on `resource` in `scope` and its child scopes that are neither
+        superseded nor past their TTL (warnings do not count here), in write order."""
+
+    def check_conflict(self, scope: str, resource: str) -> UUID | None:
+        """The intent that wins `resource` under the scope's conflict policy (§5), among
+        `get_intents(scope, resource)`; None when there is none or the policy yields."""
+        policy = self.get_scope(scope).conflict_policy
+        intents = self.get_intents(scope, resource)
+        if len(intents) <= 1:
+            return intents[0].id if intents else None
+        return resolve_conflict(intents, policy)
+
+    @abstractmethod
+    def gc(self, grace_period: float = 0.0) -> int:
+        """Delete the marks that can never be read again, `grace_period` seconds after
+        they got there; returns how many. Frees quota. See `gc_rule`."""
 
     # ----------------------------------------------------------------- deferred verdicts
 
@@ -473,18 +616,29 @@ class SpaceBase(ABC):
             raise InvalidArgument("a boundary allows at most one agent (P17)")
         return checked
 
-    def _check_resolvable(self, need: Mark, action_id: UUID) -> None:
-        """§8.3's preconditions: a need, not yet resolved nor superseded, and an action id
-        that, if it names a stored mark, names an action."""
+    def _check_resolvable(self, need: Mark, action_id: UUID, agent: Agent | None) -> Action:
+        """§8.3's preconditions, in the package's order: a need, not yet resolved nor
+        superseded; a resolving mark stored in this space; an `agent` (if given) allowed to
+        write actions in the need's scope (UnauthorizedWrite); the resolving mark a
+        successful action. Returns that action."""
         if not isinstance(need, Need):
             raise InvalidMark(f"mark {need.id} is a {need.mark_type.value}, not a need")
         if need.resolved_by is not None or self._is_superseded(need):
             raise InvalidMark(f"need {need.id} is already resolved or superseded")
-        if not isinstance(action_id, UUID):
-            raise InvalidArgument("resolving_action_id must be a UUID")
-        action = self.get(action_id)
-        if action is not None and action.mark_type is not MarkType.ACTION:
+        if agent is not None and not isinstance(agent, Agent):
+            raise InvalidArgument(f"expected an Agent or None, got {type(agent).__name__}")
+        action = self.get(action_id) if isinstance(action_id, UUID) else None
+        if action is None:
+            raise UnknownMark(f"no resolving action {action_id!r} in this space")
+        if agent is not None and not agent.can_write(need.scope, MarkType.ACTION):
+            raise UnauthorizedWrite(
+                f"agent {agent.name!r} may not resolve needs in {need.scope!r}"
+            )
+        if not isinstance(action, Action):
             raise InvalidMark(f"mark {action_id} is a {action.mark_type.value}, not an action")
+        if action.failed:
+            raise InvalidMark(f"action {action_id} failed and cannot resolve a need")
+        return action
 
 
 # --------------------------------------------------------------------------- the space
@@ -495,12 +649,14 @@ class MarkSpace(SpaceBase):
 
     def __init__(
         self,
-        scopes: Iterable[Scope] = (),
+        scopes: Iterable[Scope] | None = None,
         clock: ClockSpec = None,
+        max_marks_per_agent: int | None = None,
         *,
         max_content_bytes: int | None = None,
     ) -> None:
         self._marks: dict[UUID, Mark] = {}
+        self._live: dict[UUID, int] = {}  # agent id -> stored, unsuperseded marks (quota)
         self._decay: dict[UUID, DecayConfig] = {}
         self._buckets: dict[BucketKey, _Bucket] = {}
         self._scope_names: dict[str, None] = {}  # scopes that hold marks, in first-write order
@@ -513,7 +669,7 @@ class MarkSpace(SpaceBase):
         self._keys: dict[str, KeyRecord] = {}
         self._boundaries = 0
         self._swept = 1
-        super().__init__(scopes, clock, max_content_bytes)
+        super().__init__(scopes, clock, max_marks_per_agent, max_content_bytes)
 
     def write_many(self, agent: Agent, marks: Sequence[Mark]) -> list[UUID]:
         """Write several marks as one step: all are checked first, and if any is refused
@@ -525,6 +681,7 @@ class MarkSpace(SpaceBase):
             scopes = [self.get_scope(m.scope) for m in checked]
             for mark, scope in zip(checked, scopes, strict=True):
                 authorize_write(agent, mark, scope)
+            self._check_quota(agent, checked)
             stored = [
                 self._commit(m, agent.id, s.decay) for m, s in zip(checked, scopes, strict=True)
             ]
@@ -547,8 +704,12 @@ class MarkSpace(SpaceBase):
         self._marks[mark_id] = stored
         self._decay[mark_id] = decay
         self._scope_names.setdefault(stored.scope, None)
+        self._live[agent_id] = self._live.get(agent_id, 0) + 1
         if stored.supersedes is not None and stored.supersedes not in self._superseded_by:
             self._superseded_by[stored.supersedes] = mark_id
+            target = self._marks.get(stored.supersedes)
+            if target is not None:
+                self._live[target.agent_id] -= 1
             self._retire(stored.supersedes)
         if isinstance(stored, Warning) and stored.invalidates is not None:
             self._warnings_on.setdefault(stored.invalidates, []).append(stored)
@@ -595,11 +756,13 @@ class MarkSpace(SpaceBase):
         mark_type: MarkType | str | None = None,
         min_strength: float = DEFAULT_MIN_STRENGTH,
         reader: Agent | None = None,
+        max_tokens: int | None = None,
     ) -> list[Mark]:
         """Marks of `scope` matching the filters whose effective strength (decay, trust,
         supersession, warnings; at now) is > 0 and >= `min_strength`, strongest first
-        (ties: created_at, id). `reader` None is infrastructure and sees full marks; an
-        Agent sees what the scope's visibility allows it (§7.4). No side effects (P28)."""
+        (ties: created_at, id), cut to `max_tokens` (see `fit_tokens`). `reader` None is
+        infrastructure and sees full marks; an Agent sees what the scope's visibility
+        allows it (§7.4). No side effects (P28)."""
         kind = mark_type_arg(mark_type)
         if reader is not None and not isinstance(reader, Agent):
             raise InvalidArgument(f"reader must be an Agent or None, not {type(reader).__name__}")
@@ -614,7 +777,8 @@ class MarkSpace(SpaceBase):
                 if (strength := self._strength(mark, now)) > 0.0 and strength >= min_strength
             ]
         scored.sort(key=lambda pair: read_order_key(pair[0], pair[1]))
-        return visible_to([m for m, _ in scored], definition, scope, reader)
+        return fit_tokens(visible_to([m for m, _ in scored], definition, scope, reader),
+                          max_tokens)
 
     @staticmethod
     def _hidden(definition: Scope, scope: str, reader: Agent | None) -> bool:
@@ -740,21 +904,86 @@ class MarkSpace(SpaceBase):
 
     # ----------------------------------------------------------------- needs
 
-    def resolve(self, need_mark_id: UUID, resolving_action_id: UUID) -> UUID:
-        """Resolve a need (§8.3): write a copy with `resolved_by` that supersedes it, so
-        the need is at strength 0 on the next read (P29, P30). Returns the copy's id."""
+    def resolve(
+        self, need_mark_id: UUID, resolving_action_id: UUID, agent: Agent | None = None
+    ) -> UUID:
+        """Resolve a need (§8.3) with a stored, successful action: write a copy with
+        `resolved_by` that supersedes it, so the need is at strength 0 on the next read
+        (P29, P30). `agent`, if given, must be allowed to write actions in the need's scope. Returns
+        the copy's id. The copy is the need's agent's mark (it takes the need's place in
+        that agent's quota)."""
         with self._lock:
-            need = self._marks.get(need_mark_id)
+            need = self._marks.get(need_mark_id) if isinstance(need_mark_id, UUID) else None
             if need is None:
                 raise UnknownMark(f"no mark {need_mark_id} in this space")
-            self._check_resolvable(need, resolving_action_id)
-            copy = need.model_copy(
-                update={"resolved_by": resolving_action_id, "supersedes": need.id}
-            )
+            action = self._check_resolvable(need, resolving_action_id, agent)
+            assert isinstance(need, Need)
+            copy = resolved_copy(need, action)
             stored = self._commit(copy, need.agent_id, self._decay[need.id])
             hooks = list(self._hooks.values())
         fire_hooks(hooks, [(stored.agent_id, stored)])
         return stored.id
+
+    def get_intents(self, scope: str, resource: str) -> list[Intent]:
+        """The intents on `resource` in `scope` and its child scopes that are neither
+        superseded nor past their TTL (warnings do not count here), in write order."""
+        with self._lock:
+            self.get_scope(scope)
+            now = self.now()
+            found = [
+                mark
+                for name in self._scope_names
+                if scope_covers(scope, name)
+                and (bucket := self._buckets.get((name, MarkType.INTENT, resource))) is not None
+                for mark in bucket.live(now, 0.0)
+                if isinstance(mark, Intent) and mark.id not in self._superseded_by
+                and compute_strength(mark, now, self._decay[mark.id]) > 0.0
+            ]
+        return sorted(found, key=lambda m: (m.created_at, m.id))
+
+    def _quota_state(self, agent_id: UUID, targets: set[UUID]) -> tuple[int, set[UUID]]:
+        owned = {
+            t for t in targets
+            if (m := self._marks.get(t)) is not None and m.agent_id == agent_id
+            and t not in self._superseded_by
+        }
+        return self._live.get(agent_id, 0), owned
+
+    def gc(self, grace_period: float = 0.0) -> int:
+        """Delete superseded marks and the marks `collectable` says are garbage; rebuild
+        the indexes from what is left. Returns how many marks went."""
+        grace = grace_arg(grace_period)
+        with self._lock:
+            now = self.now()
+            doomed = {
+                mark_id for mark_id, mark in self._marks.items()
+                if mark_id in self._superseded_by
+                or collectable(mark, self._decay[mark_id], now, grace)
+            }
+            if doomed:
+                self._drop(doomed)
+        return len(doomed)
+
+    def _drop(self, doomed: set[UUID]) -> None:
+        """Forget `doomed` marks and rebuild every index over the rest. Under the lock."""
+        for mark_id in doomed:
+            del self._marks[mark_id]
+            del self._decay[mark_id]
+        self._superseded_by = {
+            old: new for old, new in self._superseded_by.items() if old in self._marks
+        }
+        self._buckets = {}
+        self._warnings_on = {}
+        self._live = {}
+        for mark in self._marks.values():
+            if mark.id not in self._superseded_by:
+                self._live[mark.agent_id] = self._live.get(mark.agent_id, 0) + 1
+            if isinstance(mark, Warning) and mark.invalidates is not None:
+                self._warnings_on.setdefault(mark.invalidates, []).append(mark)
+            if mark.id not in self._superseded_by and not (
+                isinstance(mark, Need) and mark.resolved_by is not None
+            ):
+                self._index(mark, self._decay[mark.id])
 
     def aggregate_needs(self) -> list[NeedCluster]:
         """Unresolved, unsuperseded needs of every scope, clustered and scored (§8.4)."""
