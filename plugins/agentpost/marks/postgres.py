@@ -87,7 +87,6 @@ from agentpost.marks.core import (
     UnknownMark,
     UnknownScope,
     WatchPattern,
-    authorize_write,
     check_text,
     cluster_needs,
     mark_from_record,
@@ -103,6 +102,7 @@ from agentpost.marks.space import (
     SpaceBase,
     WriteHook,
     agent_id_of,
+    authorize,
     fire_hooks,
     fit_tokens,
     grace_arg,
@@ -377,7 +377,7 @@ class PostgresMarkSpace(SpaceBase):
         checked = self._checked(marks)
         scopes = [self.get_scope(m.scope) for m in checked]
         for mark, scope in zip(checked, scopes, strict=True):
-            authorize_write(agent, mark, scope)
+            authorize(agent, mark, scope)
         items = [(m, agent.id, s.decay, s.visibility) for m, s in zip(checked, scopes, strict=True)]
         if self.max_marks_per_agent is None:
             return [m.id for m in self._store(items)]

@@ -76,6 +76,7 @@ from agentpost.marks.core import (
     Observation,
     Scope,
     ScopeVisibility,
+    Source,
     UnauthorizedWrite,
     UnknownMark,
     UnknownScope,
@@ -352,6 +353,24 @@ def resolved_copy(need: Need, action: Action) -> Need:
     if "resolved_by_agent" in Need.model_fields:
         update["resolved_by_agent"] = action.agent_id
     return need.model_copy(update=update)
+
+
+#: sources from least to most trusted (§4.1): an agent may claim up to its `max_source`
+_SOURCE_RANK = {Source.EXTERNAL_UNVERIFIED: 0, Source.EXTERNAL_VERIFIED: 1, Source.FLEET: 2}
+
+
+def authorize(agent: Agent, mark: Mark, scope: Scope) -> None:
+    """`authorize_write`, then the agent's trust ceiling: an observation may not claim a
+    source more trusted than `agent.max_source` (UnauthorizedWrite, a ScopeError), so an
+    external agent cannot pass its findings off as the fleet's."""
+    authorize_write(agent, mark, scope)
+    ceiling = getattr(agent, "max_source", None)
+    if (isinstance(mark, Observation) and ceiling is not None
+            and _SOURCE_RANK[Source(mark.source)] > _SOURCE_RANK[Source(ceiling)]):
+        raise UnauthorizedWrite(
+            f"agent {agent.name!r} (max_source={Source(ceiling).value}) may not write "
+            f"observations with source={Source(mark.source).value}"
+        )
 
 
 def fire_hooks(hooks: Sequence[WriteHook], writes: Sequence[tuple[UUID, Mark]]) -> None:
@@ -680,7 +699,7 @@ class MarkSpace(SpaceBase):
         with self._lock:
             scopes = [self.get_scope(m.scope) for m in checked]
             for mark, scope in zip(checked, scopes, strict=True):
-                authorize_write(agent, mark, scope)
+                authorize(agent, mark, scope)
             self._check_quota(agent, checked)
             stored = [
                 self._commit(m, agent.id, s.decay) for m, s in zip(checked, scopes, strict=True)
