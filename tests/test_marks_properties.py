@@ -1055,7 +1055,7 @@ def test_p30_mark_immutability(new_space, mark) -> None:
         copy = stored.model_dump()
         space.write(WRITER, Warning(scope="cal", topic="t", invalidates=stored.id))
         if isinstance(stored, Need):  # resolved by a stored action (the package requires one)
-            space.resolve(stored.id, space.write(WRITER, Action(scope="cal", action="done")))
+            space.resolve(stored.id, space.write(WRITER, Action(scope="cal", action="booked")))
         space.write(WRITER, mark.model_copy(update={"supersedes": stored.id}))
         at(space, hours(24 * 365))
         assert space.get(stored.id).model_dump() == copy

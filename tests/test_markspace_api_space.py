@@ -30,6 +30,7 @@ from agentpost.marks.core import (
 from agentpost.marks.postgres import PostgresMarkSpace
 from agentpost.marks.space import (
     MarkSpace,
+    NeedCluster,
     QuotaExceededError,
     ScopeError,
     ValidationError,
@@ -338,3 +339,22 @@ def test_warning_does_not_hide_an_intent_from_get_intents(make) -> None:
     space.write(BOB, Warning(scope="ops", topic="t", invalidates=intent))
     assert space.read("ops", resource="r") == []
     assert [i.id for i in space.get_intents("ops", "r")] == [intent]
+
+
+def test_aggregate_needs_one_cluster_per_scope(make) -> None:
+    """§8.4 as the package presents it: one NeedCluster per scope (its needs in write
+    order), priority min(1, max + 0.1 * ln n), blocking count, contexts; a need at strength
+    0 after a warning is left out; clusters highest priority first."""
+    space = make()
+    space.write(ALICE, Need(scope="ops", question="Which room?", priority=0.5,
+                            context={"n": 1}))
+    space.write(BOB, Need(scope="ops", question="Budget?", priority=0.95, blocking=True))
+    calm = space.write(ALICE, Need(scope="calm", question="Lunch?", priority=0.97))
+    muted = space.write(ALICE, Need(scope="calm", question="Muted?", priority=0.99))
+    space.write(BOB, Warning(scope="calm", topic="t", invalidates=muted))
+    clusters = space.aggregate_needs()
+    assert [(c.scope, c.blocking_count) for c in clusters] == [("ops", 1), ("calm", 0)]
+    assert clusters[0].effective_priority == 1.0  # 0.95 + 0.1 * ln 2, capped
+    assert [n.question for n in clusters[0].needs] == ["Which room?", "Budget?"]
+    assert clusters[0].contexts == [{"n": 1}, {}]
+    assert clusters[1] == NeedCluster("calm", [space.get_mark(calm)], 0.97, 0, [{}])

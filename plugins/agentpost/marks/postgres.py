@@ -48,6 +48,13 @@ Why it is built this way:
   a resolution boundary replaces the verdicts of its (scope, resource) in one statement,
   inside the guard's lock() transaction, so a boundary run by one process is what every
   other process's Guard answers from (docs/marks.md has the contract).
+- **The quota is counted in the database** (`max_marks_per_agent`): a write of a space with
+  a quota takes a transaction-scoped advisory lock on (space, agent), counts the agent's
+  live marks (index `marks_agent`, sql/0065_mark_quota.sql) and inserts in that transaction,
+  so two processes writing for one agent never both see room for one more. Spaces without a
+  quota write as before, one statement, no lock.
+- **gc() is the one statement that deletes marks**: superseded ones and those that can never
+  be read again (`space.collectable`, the same rule in SQL with each row's stored decay).
 - Database errors never leak: they come out as agentpost's typed errors
   (`agentpost.store.db.translate`): no schema is a ConfigurationError, no server
   StoreUnavailable, anything else StoreError.
@@ -62,8 +69,9 @@ import logging
 import math
 import os
 import threading
+import uuid
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar
 from uuid import UUID
@@ -81,14 +89,12 @@ from agentpost.marks.core import (
     Mark,
     MarkType,
     Need,
-    NeedCluster,
     Scope,
     ScopeVisibility,
     UnknownMark,
     UnknownScope,
     WatchPattern,
     check_text,
-    cluster_needs,
     mark_from_record,
     project_mark,
     read_order_key,
@@ -98,11 +104,13 @@ from agentpost.marks.core import (
 from agentpost.marks.keys import KeyInUse, KeyRecord, check_key, check_same
 from agentpost.marks.space import (
     GC_EPSILON,
-    ClockSpec,
+    AnyMark,
+    NeedCluster,
     SpaceBase,
     WriteHook,
     agent_id_of,
     authorize,
+    clusters_by_scope,
     fire_hooks,
     fit_tokens,
     grace_arg,
@@ -293,8 +301,8 @@ class PostgresMarkSpace(SpaceBase):
 
     def __init__(
         self,
-        scopes: Iterable[Scope] | None = None,
-        clock: ClockSpec = None,
+        scopes: list[Scope] | None = None,
+        clock: float | None = None,
         max_marks_per_agent: int | None = None,
         *,
         dsn: str | None = None,
@@ -465,11 +473,11 @@ class PostgresMarkSpace(SpaceBase):
         scope: str,
         resource: str | None = None,
         topic: str | None = None,
-        mark_type: MarkType | str | None = None,
+        mark_type: MarkType | None = None,
         min_strength: float = DEFAULT_MIN_STRENGTH,
         reader: Agent | None = None,
         max_tokens: int | None = None,
-    ) -> list[Mark]:
+    ) -> list[AnyMark]:
         """Marks of `scope` matching the filters whose effective strength (decay, trust,
         supersession, warnings; at now, computed in SQL) is > 0 and >= `min_strength`,
         strongest first (ties: created_at, id), cut to `max_tokens` (`space.fit_tokens`).
@@ -619,8 +627,11 @@ class PostgresMarkSpace(SpaceBase):
     # ----------------------------------------------------------------- needs
 
     def resolve(
-        self, need_mark_id: UUID, resolving_action_id: UUID, agent: Agent | None = None
-    ) -> UUID:
+        self,
+        need_mark_id: uuid.UUID,
+        resolving_action_id: uuid.UUID,
+        agent: Agent | None = None,
+    ) -> uuid.UUID:
         """Resolve a need (§8.3) with a stored, successful action: write a copy with
         `resolved_by` that supersedes it, so the need is at strength 0 on the next read
         (P29, P30). `agent`, if given, must be allowed to write actions in the need's scope.
@@ -676,13 +687,14 @@ class PostgresMarkSpace(SpaceBase):
         return [m for m in map(_mark, rows) if isinstance(m, Action)]
 
     def aggregate_needs(self) -> list[NeedCluster]:
-        """Unresolved, unsuperseded needs of every scope, clustered and scored (§8.4)."""
-        needs = [_mark(row) for row in self._rows("unresolved_needs", {})]
-        return cluster_needs([n for n in needs if isinstance(n, Need)])
+        """The open needs (unresolved, unsuperseded, strength > 0 after warnings) of
+        every scope, one cluster per scope (`space.clusters_by_scope`, §8.4)."""
+        needs = [_mark(row) for row in self._rows("unresolved_needs", {"now": self.now()})]
+        return clusters_by_scope(n for n in needs if isinstance(n, Need))
 
     # ----------------------------------------------------------------- subscriptions
 
-    def subscribe(self, agent: Agent, patterns: Sequence[WatchPattern]) -> None:
+    def subscribe(self, agent: Agent, patterns: list[WatchPattern]) -> None:
         """Queue marks written from now on (by any process) that match any pattern
         (§13.3). Replaces an earlier subscription and drops its queue (P48, P49)."""
         if not isinstance(agent, Agent):
@@ -703,7 +715,7 @@ class PostgresMarkSpace(SpaceBase):
         """Drop the agent's subscription and whatever is queued for it."""
         self._rows("unsubscribe", {"agent_id": str(agent_id_of(agent))})
 
-    def get_watched_marks(self, agent: Agent, clear: bool = True) -> list[Mark]:
+    def get_watched_marks(self, agent: Agent, clear: bool = True) -> list[AnyMark]:
         """Marks queued for the agent since its last poll, in write order (P50–P52); with
         `clear` they are taken from the queue, so each is handed out once (P51), also
         across processes polling for the same agent."""

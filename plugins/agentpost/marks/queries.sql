@@ -65,14 +65,16 @@ SELECT scope, mark_type, count(*) FROM agentpost.marks WHERE space = %(space)s G
 SELECT EXISTS (SELECT 1 FROM agentpost.marks WHERE space = %(space)s AND supersedes = %(id)s)
 
 -- name: unresolved_needs
--- §8.4: needs neither resolved nor superseded, whatever their strength, in write order.
+-- §8.4: needs neither resolved nor superseded, at strength > 0 after warnings (the
+-- package's rule), in write order.
 SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes, resource,
        action, topic, confidence, source, invalidates, severity, priority, blocking,
        resolved_by, failed, body
   FROM agentpost.marks m
  WHERE m.space = %(space)s AND m.mark_type = 'need' AND m.resolved_by IS NULL
-   AND (SELECT true FROM agentpost.marks x
-         WHERE x.space = m.space AND x.supersedes = m.id LIMIT 1) IS NULL
+   AND (SELECT s.strength
+          FROM agentpost.mark_adjusted_strength(m.space, m.id, m.initial_strength,
+                                                %(now)s::float8) s) > 0
  ORDER BY m.seq
 
 -- name: claims

@@ -10,15 +10,17 @@ observations and warnings, and (scope, mark_type). Marks enter a bucket in creat
 (created_at is monotonic), so a read bisects past the marks too old to reach `min_strength`:
 intents older than the bucket's longest TTL, observations and warnings older than
 `half_life * log2(max_weight / min_strength)`. Superseded marks (permanently at strength 0)
-are dropped from the buckets when a bucket is half dead; they stay in `get()`. A supersession
-map (superseded id -> superseding id) and a warnings-by-target map make strength O(1) plus
-the number of live warnings on the mark.
+are dropped from the buckets when a bucket is half dead; they stay in `get()` until `gc()`.
+A supersession map (superseded id -> superseding id) and a warnings-by-target map make
+strength O(1) plus the number of live warnings on the mark.
 
 Readings chosen where the spec leaves room (also in docs/design.md):
 
 - `read(scope, ...)` reads that exact scope; marks of child scopes are not included (§13.1
-  calls hierarchical matching out for watch patterns only). Visibility and decay come from the
-  nearest defined scope (P26). A scope with no defined ancestor raises `UnknownScope`.
+  calls hierarchical matching out for watch patterns only). The package's read includes
+  child scopes; `get_intents` and `check_conflict` do here too, as in the package.
+  Visibility and decay come from the nearest defined scope (P26). A scope with no defined
+  ancestor raises `UnknownScope`.
 - `read` never returns a mark of effective strength 0 (superseded, resolved, expired, fully
   invalidated), whatever `min_strength`; otherwise it returns strength >= min_strength.
 - Each mark keeps the DecayConfig of the scope it was written under (the Postgres backend
@@ -26,9 +28,8 @@ Readings chosen where the spec leaves room (also in docs/design.md):
 - `created_at = max(clock(), last created_at)`: monotonic even if the clock steps back (P32).
 - `resolve(need_id, action_id)` writes the resolved copy as the need's own agent; it refuses
   an unknown need (`UnknownMark`), a mark that is not a need or is already resolved or
-  superseded, and an `action_id` that names a stored mark that is not an action
-  (`InvalidMark`). An `action_id` unknown to this space is accepted (the principal's action may
-  be recorded elsewhere).
+  superseded (`InvalidMark`), and, as the package does, an `action_id` that names no stored
+  mark (`UnknownMark`) or a mark that is not a successful action (`InvalidMark`).
 - Subscriptions: re-subscribing replaces the patterns AND drops what was queued (those marks
   were written before the new `subscribe()`, P49). Queued marks follow scope visibility for
   the subscriber: projected in PROTECTED scopes, never queued in CLASSIFIED ones, unless the
@@ -40,6 +41,24 @@ Readings chosen where the spec leaves room (also in docs/design.md):
   one `MarkSpace` object answers from the same verdicts (`record_verdicts`,
   `deferred_verdict`, `consume_grant`); the Postgres backend keeps them in a table, for
   every process.
+- The markspace package's API (issue 15) on both backends: its constructor order
+  `(scopes, clock, max_marks_per_agent)`, `get_mark`, `get_intents`, `check_conflict`,
+  `gc`, `read(max_tokens=)`, `resolve(agent=)`, `NeedCluster` and its exception names.
+- Quota: `max_marks_per_agent` counts an agent's live marks (stored, not superseded). A write
+  that finds the agent at the limit raises QuotaExceededError and stores nothing, even if
+  it would supersede one of the agent's marks (as the package: free a place first). A
+  superseded mark gives its place back to its own agent, whoever superseded it; `gc()`
+  gives back what it deletes. `resolve` writes the resolved copy as the need's agent without
+  a quota check (the package's rule), and the superseded need frees its place.
+- `gc(grace_period)` deletes superseded marks, resolved needs, intents `grace_period` past
+  their TTL and observations and warnings below 1e-10 (see `collectable`); never actions.
+  Warnings do not count (P35: a warned mark may recover). Each mark uses its own stored
+  decay, as reads do.
+- `resolve` needs a stored, successful action (the package's rule; UnknownMark or
+  InvalidMark otherwise, both ValidationErrors); the copy names it and its agent.
+- `aggregate_needs` clusters as the package does: one cluster per scope, priority
+  min(1, max + 0.1·log n), needs at strength 0 after warnings left out. (The web page's
+  listing keeps `core.cluster_needs`, which also splits a scope by similar question.)
 - Extras beyond the spec: `write_many` (all or nothing), `all_marks`, `registered_scopes`,
   `__len__`.
 """
@@ -50,12 +69,13 @@ import logging
 import math
 import threading
 import time
+import uuid
 from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 from uuid import UUID, uuid4
 
 from agentpost.config import mark_content_limit
@@ -72,7 +92,6 @@ from agentpost.marks.core import (
     MarkspaceError,
     MarkType,
     Need,
-    NeedCluster,
     Observation,
     Scope,
     ScopeVisibility,
@@ -84,7 +103,6 @@ from agentpost.marks.core import (
     WatchPattern,
     authorize_write,
     check_content_size,
-    cluster_needs,
     compute_strength,
     mark_resource,
     mark_topic,
@@ -112,6 +130,11 @@ except ImportError:  # pragma: no cover - until core.py defines them; then this 
 
     class QuotaExceededError(MarkspaceError):  # type: ignore[no-redef]
         """An agent already holds `max_marks_per_agent` live marks in the space."""
+
+try:  # the package's union of the five mark classes, defined by core.py
+    from agentpost.marks.core import AnyMark  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - until core.py defines it
+    AnyMark = Mark  # type: ignore[misc]
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +165,10 @@ class MarkSpaceProtocol(Protocol):
     def now(self) -> float: ...
     def set_clock(self, t: float) -> None: ...
     def register_scope(self, scope: Scope) -> None: ...
-    def get_scope(self, name: str) -> Scope: ...
-    def write(self, agent: Agent, mark: Mark) -> UUID: ...
+    def get_scope(self, scope_name: str) -> Scope: ...
+    def write(self, agent: Agent, mark: AnyMark) -> uuid.UUID: ...
     def get(self, mark_id: UUID) -> Mark | None: ...
+    def get_mark(self, mark_id: uuid.UUID) -> AnyMark | None: ...
     def read(
         self,
         scope: str,
@@ -153,19 +177,28 @@ class MarkSpaceProtocol(Protocol):
         mark_type: MarkType | None = None,
         min_strength: float = DEFAULT_MIN_STRENGTH,
         reader: Agent | None = None,
-    ) -> list[Mark]: ...
+        max_tokens: int | None = None,
+    ) -> list[AnyMark]: ...
+    def get_intents(self, scope: str, resource: str) -> list[Intent]: ...
+    def check_conflict(self, scope: str, resource: str) -> uuid.UUID | None: ...
+    def gc(self, grace_period: float = 0.0) -> int: ...
     def strength_of(self, mark: Mark) -> float: ...
     def claims(self, scope: str, resource: str) -> list[Action]: ...
     def read_with_claims(
         self, scope: str, resource: str, min_strength: float = DEFAULT_MIN_STRENGTH
     ) -> tuple[list[Mark], list[Action]]: ...
-    def resolve(self, need_mark_id: UUID, resolving_action_id: UUID) -> UUID: ...
+    def resolve(
+        self,
+        need_mark_id: uuid.UUID,
+        resolving_action_id: uuid.UUID,
+        agent: Agent | None = None,
+    ) -> uuid.UUID: ...
     def aggregate_needs(self) -> list[NeedCluster]: ...
-    def add_write_hook(self, callback: WriteHook) -> UUID: ...
-    def remove_write_hook(self, handle: UUID) -> bool: ...
-    def subscribe(self, agent: Agent, patterns: Sequence[WatchPattern]) -> None: ...
+    def add_write_hook(self, hook: Callable[[uuid.UUID, AnyMark], None]) -> uuid.UUID: ...
+    def remove_write_hook(self, handle: uuid.UUID) -> bool: ...
+    def subscribe(self, agent: Agent, patterns: list[WatchPattern]) -> None: ...
     def unsubscribe(self, agent: Agent) -> None: ...
-    def get_watched_marks(self, agent: Agent, clear: bool = True) -> list[Mark]: ...
+    def get_watched_marks(self, agent: Agent, clear: bool = True) -> list[AnyMark]: ...
     def lock(self, scope: str, resource: str): ...  # a context manager
     def record_verdicts(
         self, scope: str, resource: str, verdicts: Sequence[DeferredVerdict]
@@ -373,6 +406,46 @@ def authorize(agent: Agent, mark: Mark, scope: Scope) -> None:
         )
 
 
+#: what a cluster of n > 1 needs adds to its highest priority, per log(n) (§8.4)
+CLUSTER_BONUS = 0.1
+
+
+@dataclass
+class NeedCluster:
+    """The open needs of one scope, as `aggregate_needs` presents them to the principal
+    (§8.4): in write order, with the highest priority raised by log(len(needs)) * 0.1 for
+    a crowd (at most 1.0), how many block, and their contexts."""
+
+    scope: str
+    needs: list[Need]
+    effective_priority: float
+    blocking_count: int
+    contexts: list[Any]
+
+
+def clusters_by_scope(needs: Iterable[Need]) -> list[NeedCluster]:
+    """§8.4 as the package does it: the needs (in write order) grouped by scope, the
+    groups sorted by effective priority, highest first (ties: the scope whose first need
+    came first)."""
+    groups: dict[str, list[Need]] = {}
+    for need in needs:
+        groups.setdefault(need.scope, []).append(need)
+    clusters = [
+        NeedCluster(
+            scope=name,
+            needs=members,
+            effective_priority=min(1.0, max(n.priority for n in members)
+                                   + (math.log(len(members)) * CLUSTER_BONUS
+                                      if len(members) > 1 else 0.0)),
+            blocking_count=sum(1 for n in members if n.blocking),
+            contexts=[n.context for n in members],
+        )
+        for name, members in groups.items()
+    ]
+    clusters.sort(key=lambda c: -c.effective_priority)
+    return clusters
+
+
 def fire_hooks(hooks: Sequence[WriteHook], writes: Sequence[tuple[UUID, Mark]]) -> None:
     """Run snapshotted write hooks outside any lock; a failing hook changes nothing (P33)."""
     for agent_id, mark in writes:
@@ -423,7 +496,7 @@ class SpaceBase(ABC):
         """The space's current time (unix seconds) from its clock."""
         return float(self._clock())
 
-    def set_clock(self, t: ClockSpec) -> None:
+    def set_clock(self, t: float) -> None:
         """Fix time at `t` (or install another clock: None for wall time, a callable)."""
         clock = make_clock(t)
         with self._lock:
@@ -463,7 +536,7 @@ class SpaceBase(ABC):
             check_content_size(mark, self.max_content_bytes)
         return checked
 
-    def write(self, agent: Agent, mark: Mark) -> UUID:
+    def write(self, agent: Agent, mark: AnyMark) -> uuid.UUID:
         """Store `mark` for `agent` with a fresh id and created_at = now (§8.1). Raises a
         typed error and stores nothing if the agent, the mark, the scope or the agent's
         quota say no."""
@@ -494,7 +567,7 @@ class SpaceBase(ABC):
                 owned.discard(mark.supersedes)
                 held -= 1
 
-    def add_write_hook(self, hook: WriteHook) -> UUID:
+    def add_write_hook(self, hook: Callable[[uuid.UUID, AnyMark], None]) -> uuid.UUID:
         """Call `hook(agent_id, stored_mark)` after every successful write made through
         this object (§8.6). Hooks are process-local. Returns the handle that removes it."""
         if not callable(hook):
@@ -504,7 +577,7 @@ class SpaceBase(ABC):
             self._hooks[handle] = hook
         return handle
 
-    def remove_write_hook(self, handle: UUID) -> bool:
+    def remove_write_hook(self, handle: uuid.UUID) -> bool:
         with self._lock:
             return self._hooks.pop(handle, None) is not None
 
@@ -522,12 +595,12 @@ class SpaceBase(ABC):
 
     @abstractmethod
     def read(self, scope: str, resource: str | None = None, topic: str | None = None,
-             mark_type: MarkType | str | None = None,
+             mark_type: MarkType | None = None,
              min_strength: float = DEFAULT_MIN_STRENGTH,
-             reader: Agent | None = None, max_tokens: int | None = None) -> list[Mark]:
+             reader: Agent | None = None, max_tokens: int | None = None) -> list[AnyMark]:
         """§8.2's read."""
 
-    def get_mark(self, mark_id: UUID) -> Mark | None:
+    def get_mark(self, mark_id: uuid.UUID) -> AnyMark | None:
         """The stored mark with this id, or None (the package's name for `get`)."""
         return self.get(mark_id)
 
@@ -536,7 +609,7 @@ class SpaceBase(ABC):
         """The intents on `resource` in `scope` and its child scopes that are neither
         superseded nor past their TTL (warnings do not count here), in write order."""
 
-    def check_conflict(self, scope: str, resource: str) -> UUID | None:
+    def check_conflict(self, scope: str, resource: str) -> uuid.UUID | None:
         """The intent that wins `resource` under the scope's conflict policy (§5), among
         `get_intents(scope, resource)`; None when there is none or the policy yields."""
         policy = self.get_scope(scope).conflict_policy
@@ -668,12 +741,15 @@ class MarkSpace(SpaceBase):
 
     def __init__(
         self,
-        scopes: Iterable[Scope] | None = None,
-        clock: ClockSpec = None,
+        scopes: list[Scope] | None = None,
+        clock: float | None = None,
         max_marks_per_agent: int | None = None,
         *,
         max_content_bytes: int | None = None,
     ) -> None:
+        """`scopes` to register; `clock` a fixed time, None for wall time (or a callable
+        returning the time); `max_marks_per_agent` the quota (None: none);
+        `max_content_bytes` the largest content of one mark (default: config)."""
         self._marks: dict[UUID, Mark] = {}
         self._live: dict[UUID, int] = {}  # agent id -> stored, unsuperseded marks (quota)
         self._decay: dict[UUID, DecayConfig] = {}
@@ -772,11 +848,11 @@ class MarkSpace(SpaceBase):
         scope: str,
         resource: str | None = None,
         topic: str | None = None,
-        mark_type: MarkType | str | None = None,
+        mark_type: MarkType | None = None,
         min_strength: float = DEFAULT_MIN_STRENGTH,
         reader: Agent | None = None,
         max_tokens: int | None = None,
-    ) -> list[Mark]:
+    ) -> list[AnyMark]:
         """Marks of `scope` matching the filters whose effective strength (decay, trust,
         supersession, warnings; at now) is > 0 and >= `min_strength`, strongest first
         (ties: created_at, id), cut to `max_tokens` (see `fit_tokens`). `reader` None is
@@ -924,8 +1000,11 @@ class MarkSpace(SpaceBase):
     # ----------------------------------------------------------------- needs
 
     def resolve(
-        self, need_mark_id: UUID, resolving_action_id: UUID, agent: Agent | None = None
-    ) -> UUID:
+        self,
+        need_mark_id: uuid.UUID,
+        resolving_action_id: uuid.UUID,
+        agent: Agent | None = None,
+    ) -> uuid.UUID:
         """Resolve a need (§8.3) with a stored, successful action: write a copy with
         `resolved_by` that supersedes it, so the need is at strength 0 on the next read
         (P29, P30). `agent`, if given, must be allowed to write actions in the need's scope. Returns
@@ -1005,20 +1084,22 @@ class MarkSpace(SpaceBase):
                 self._index(mark, self._decay[mark.id])
 
     def aggregate_needs(self) -> list[NeedCluster]:
-        """Unresolved, unsuperseded needs of every scope, clustered and scored (§8.4)."""
+        """The open needs (unresolved, unsuperseded, strength > 0 after warnings) of
+        every scope, one cluster per scope (`clusters_by_scope`, §8.4)."""
         with self._lock:
+            now = self.now()
             needs = [
                 mark
                 for name in self._scope_names
                 if (bucket := self._buckets.get((name, MarkType.NEED, None))) is not None
                 for mark in bucket.marks
-                if mark.id not in self._superseded_by
+                if isinstance(mark, Need) and self._strength(mark, now) > 0.0
             ]
-        return cluster_needs(needs)
+        return clusters_by_scope(sorted(needs, key=lambda n: (n.created_at, n.id)))
 
     # ----------------------------------------------------------------- subscriptions
 
-    def subscribe(self, agent: Agent, patterns: Sequence[WatchPattern]) -> None:
+    def subscribe(self, agent: Agent, patterns: list[WatchPattern]) -> None:
         """Queue marks written from now on that match any pattern (§13.3). Replaces an
         earlier subscription and its queue (P48, P49)."""
         if not isinstance(agent, Agent):
@@ -1034,7 +1115,7 @@ class MarkSpace(SpaceBase):
         with self._lock:
             self._subscriptions.pop(agent_id_of(agent), None)
 
-    def get_watched_marks(self, agent: Agent, clear: bool = True) -> list[Mark]:
+    def get_watched_marks(self, agent: Agent, clear: bool = True) -> list[AnyMark]:
         """Marks queued for the agent since its last poll, in write order (P50–P52); with
         `clear` they are handed out once only (P51)."""
         with self._lock:
