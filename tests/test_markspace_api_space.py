@@ -26,6 +26,7 @@ from agentpost.marks.core import (
     Scope,
     Source,
     Warning,
+    WatchPattern,
 )
 from agentpost.marks.postgres import PostgresMarkSpace
 from agentpost.marks.space import (
@@ -39,7 +40,7 @@ from marks_backends import BACKENDS, T0, factory_for, unique_space_name
 
 DECAY = DecayConfig(observation_half_life=60.0, warning_half_life=30.0, intent_ttl=100.0)
 OPS = Scope(name="ops", decay=DECAY, allowed_action_verbs=("did", "answered"),
-            allowed_intent_verbs=("book",), observation_topics=("load",),
+            allowed_intent_verbs=("book",), observation_topics=("load", "heat"),
             conflict_policy=ConflictPolicy.HIGHEST_CONFIDENCE)
 CALM = Scope(name="calm", decay=DECAY, conflict_policy=ConflictPolicy.YIELD_ALL)
 ALL = [t.value for t in MarkType]
@@ -358,3 +359,16 @@ def test_aggregate_needs_one_cluster_per_scope(make) -> None:
     assert [n.question for n in clusters[0].needs] == ["Which room?", "Budget?"]
     assert clusters[0].contexts == [{"n": 1}, {}]
     assert clusters[1] == NeedCluster("calm", [space.get_mark(calm)], 0.97, 0, [{}])
+
+
+def test_watchers_of_a_superseded_mark_hear_of_its_replacement(make) -> None:
+    """§13.3-§13.4 as the package does it: a mark that supersedes a watched one is queued
+    for the watcher even when the new mark no longer matches the pattern itself (P50-P52)."""
+    space = make()
+    space.subscribe(BOB, [WatchPattern(scope="ops", topic="load")])
+    old = space.write(ALICE, Observation(scope="ops", topic="load", content={"v": 1}))
+    moved = space.write(ALICE, Observation(scope="ops", topic="heat", content={"v": 2},
+                                           supersedes=old))
+    space.write(ALICE, Observation(scope="ops", topic="heat", content={"v": 3}))
+    assert [m.id for m in space.get_watched_marks(BOB)] == [old, moved]
+    assert space.get_watched_marks(BOB) == []

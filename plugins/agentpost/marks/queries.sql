@@ -120,7 +120,8 @@ RETURNING agent_id
 -- P51: deleting is taking; of two concurrent polls, a queued mark goes to one only. Marks
 -- are handed out only while they match the current subscription (P50): a write racing a
 -- re-subscribe or an unsubscribe may queue a mark under the old patterns after the queue
--- was dropped; such a mark is dropped here instead of delivered.
+-- was dropped; such a mark is dropped here instead of delivered. A mark matches if it or
+-- the mark it supersedes does (sql/0066_mark_watch_supersession.sql).
 WITH taken AS (
     DELETE FROM agentpost.mark_watch
      WHERE space = %(space)s AND agent_id = %(agent_id)s
@@ -133,6 +134,9 @@ SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
   JOIN agentpost.marks m ON m.id = t.mark_id
   JOIN agentpost.mark_subscriptions s ON s.space = %(space)s AND s.agent_id = %(agent_id)s
  WHERE agentpost.mark_watch_matches(s.patterns, m.scope, m.mark_type, m.topic, m.resource)
+    OR (SELECT agentpost.mark_watch_matches(s.patterns, o.scope, o.mark_type, o.topic,
+                                            o.resource)
+          FROM agentpost.marks o WHERE o.id = m.supersedes AND o.space = m.space)
  ORDER BY t.seq
 
 -- name: peek_watched
@@ -143,7 +147,10 @@ SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
   JOIN agentpost.marks m ON m.id = w.mark_id
   JOIN agentpost.mark_subscriptions s ON s.space = w.space AND s.agent_id = w.agent_id
  WHERE w.space = %(space)s AND w.agent_id = %(agent_id)s
-   AND agentpost.mark_watch_matches(s.patterns, m.scope, m.mark_type, m.topic, m.resource)
+   AND (agentpost.mark_watch_matches(s.patterns, m.scope, m.mark_type, m.topic, m.resource)
+        OR (SELECT agentpost.mark_watch_matches(s.patterns, o.scope, o.mark_type, o.topic,
+                                                o.resource)
+              FROM agentpost.marks o WHERE o.id = m.supersedes AND o.space = m.space))
  ORDER BY w.seq
 
 -- name: lock

@@ -1117,25 +1117,30 @@ class MarkSpace(SpaceBase):
 
     def get_watched_marks(self, agent: Agent, clear: bool = True) -> list[AnyMark]:
         """Marks queued for the agent since its last poll, in write order (P50–P52); with
-        `clear` they are handed out once only (P51)."""
+        `clear` they are handed out once only (P51). Marks gc() deleted meanwhile are
+        left out, as on Postgres."""
         with self._lock:
             sub = self._subscriptions.get(agent_id_of(agent))
             if sub is None:
                 return []
-            marks = list(sub.queue)
+            marks = [m for m in sub.queue if m.id in self._marks]
             if clear:
                 sub.queue.clear()
         return marks
 
     def _enqueue(self, mark: Mark) -> None:
-        """Queue a just-written mark for every other subscriber it matches. Under the lock."""
+        """Queue a just-written mark for every other subscriber it matches, or whose
+        patterns match the mark it supersedes (so a watcher learns its mark was replaced,
+        as in the package). Under the lock."""
         if not self._subscriptions:
             return
         definition = self.get_scope(mark.scope)
+        replaced = self._marks.get(mark.supersedes) if mark.supersedes is not None else None
         for sub in self._subscriptions.values():
             if sub.agent.id == mark.agent_id:
                 continue
-            if not any(p.matches(mark) for p in sub.patterns):
+            if not any(p.matches(mark) or (replaced is not None and p.matches(replaced))
+                       for p in sub.patterns):
                 continue
             delivered = self._as_seen_by(mark, definition, sub.agent)
             if delivered is not None:
