@@ -80,8 +80,8 @@ def test_constructors_take_the_package_positional_order(module_dsn: str) -> None
 
 
 def test_postgres_dsn_first_is_deprecated_but_works(module_dsn: str) -> None:
-    """The old call PostgresMarkSpace(dsn, scopes=...) still works, with a
-    DeprecationWarning; a DSN given twice is refused."""
+    """The old calls PostgresMarkSpace(dsn, scopes=..., space=...) and (dsn, scopes, clock,
+    space) still work, with a DeprecationWarning; a DSN given twice is refused."""
     name = unique_space_name()
     with pytest.warns(DeprecationWarning, match="dsn="):
         old = PostgresMarkSpace(module_dsn, [OPS], T0, space=name)
@@ -91,6 +91,10 @@ def test_postgres_dsn_first_is_deprecated_but_works(module_dsn: str) -> None:
         with new:
             written = old.write(ALICE, Action(scope="ops", action="did"))
             assert new.get_mark(written).id == written
+    for call in (lambda: PostgresMarkSpace(module_dsn, scopes=[OPS], space=name),
+                 lambda: PostgresMarkSpace(module_dsn, [OPS], None, name)):
+        with pytest.warns(DeprecationWarning), call() as same:
+            assert same.space == name and same.get_mark(written) is not None
     with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="twice"):
         PostgresMarkSpace(module_dsn, dsn=module_dsn)
 

@@ -64,6 +64,7 @@ Do not carry a PostgresMarkSpace across `fork()`: create it in the process that 
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
@@ -299,7 +300,23 @@ class _Transaction(threading.local):
 class PostgresMarkSpace(SpaceBase):
     """The mark space in Postgres: durable, shared by processes, many spaces per database."""
 
-    def __init__(
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """`_init`'s parameters (its signature is shown as this one's). A str first argument
+        is the DSN of the old signature `(dsn, scopes, clock, space)`: still accepted, with a
+        DeprecationWarning, so existing callers keep working."""
+        if args and isinstance(args[0], str):
+            warnings.warn("PostgresMarkSpace(dsn, ...) is deprecated: pass dsn=",
+                          DeprecationWarning, stacklevel=2)
+            old = dict(zip(("dsn", "scopes", "clock", "space"), args, strict=False))
+            if len(args) > len(old) or old.keys() & kwargs.keys():
+                raise InvalidArgument(
+                    "the old PostgresMarkSpace(dsn, scopes, clock, space) call got too many "
+                    f"arguments or one twice: {sorted(old.keys() & kwargs.keys())}"
+                )
+            args, kwargs = (), {**kwargs, **old}
+        self._init(*args, **kwargs)
+
+    def _init(
         self,
         scopes: list[Scope] | None = None,
         clock: float | None = None,
@@ -310,12 +327,6 @@ class PostgresMarkSpace(SpaceBase):
         pool_size: int = 4,
         max_content_bytes: int | None = None,
     ) -> None:
-        if isinstance(scopes, str):  # the old signature, (dsn, scopes, clock)
-            warnings.warn("PostgresMarkSpace(dsn, ...) is deprecated: pass dsn=",
-                          DeprecationWarning, stacklevel=2)
-            if dsn is not None:
-                raise InvalidArgument("the DSN is given twice (first argument and dsn=)")
-            dsn, scopes, clock, max_marks_per_agent = scopes, clock, max_marks_per_agent, None
         dsn = dsn or os.environ.get("AGENTPOST_DSN")
         if not dsn:
             raise ConfigurationError("no mark space database: pass a DSN or set AGENTPOST_DSN")
@@ -874,6 +885,10 @@ class PostgresMarkSpace(SpaceBase):
                 tx.conn = tx.pending = None
         for hooks, writes in pending:
             fire_hooks(hooks, writes)
+
+
+PostgresMarkSpace.__init__.__signature__ = inspect.signature(  # type: ignore[attr-defined]
+    PostgresMarkSpace._init)
 
 
 # --------------------------------------------------------------------------- arguments
