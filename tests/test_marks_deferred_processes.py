@@ -76,7 +76,7 @@ def _handle(guard: Guard, op: str, args: tuple[Any, ...]) -> Any:
 
 def serve(dsn: str, space_name: str, inbox: Any, outbox: Any) -> None:
     """A worker process (spawned: it builds everything it uses itself)."""
-    space = PostgresMarkSpace(dsn, scopes=[SCOPE], space=space_name)
+    space = PostgresMarkSpace(dsn=dsn, scopes=[SCOPE], space=space_name)
     guard = Guard(space)
     try:
         while (command := inbox.get(timeout=120)) is not None:

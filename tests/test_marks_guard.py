@@ -614,7 +614,7 @@ def twin(space):
     """The same space as another process would see it: the object itself in memory (one
     process), a second object on the same database and space name on Postgres."""
     if isinstance(space, PostgresMarkSpace):
-        return PostgresMarkSpace(space.dsn, scopes=space.registered_scopes(), clock=space.now,
+        return PostgresMarkSpace(dsn=space.dsn, scopes=space.registered_scopes(), clock=space.now,
                                  space=space.space)
     return space
 

@@ -1054,8 +1054,8 @@ def test_p30_mark_immutability(new_space, mark) -> None:
                     value["x"] = 1
         copy = stored.model_dump()
         space.write(WRITER, Warning(scope="cal", topic="t", invalidates=stored.id))
-        if isinstance(stored, Need):
-            space.resolve(stored.id, uuid.uuid4())
+        if isinstance(stored, Need):  # resolved by a stored action (the package requires one)
+            space.resolve(stored.id, space.write(WRITER, Action(scope="cal", action="booked")))
         space.write(WRITER, mark.model_copy(update={"supersedes": stored.id}))
         at(space, hours(24 * 365))
         assert space.get(stored.id).model_dump() == copy

@@ -147,7 +147,7 @@ def _marks(dsn: str) -> None:
     """A deferred conflict on lot/spot-1 (bob wins the boundary and acts), an immediate
     one on ops/db (alice acts, bob yields), an uncontested intent, and needs: two with one
     question (one resolved), one other (resolved), one open."""
-    with PostgresMarkSpace(dsn, scopes=SCOPES, space="main") as space:
+    with PostgresMarkSpace(dsn=dsn, scopes=SCOPES, space="main") as space:
         guard = Guard(space)
         guard.pre_action(ALICE, "lot", "spot-1", "park", 0.3)
         guard.pre_action(BOB, "lot", "spot-1", "park", 0.9)
@@ -179,7 +179,7 @@ def _envelope_history(dsn: str) -> dict[str, UUID]:
                     for name, counts in plan.items() for b, n in enumerate(counts)
                     for i in range(n))
     t0 = PAST.start.timestamp()
-    with PostgresMarkSpace(dsn, scopes=SCOPES, space="history", clock=t0) as space:
+    with PostgresMarkSpace(dsn=dsn, scopes=SCOPES, space="history", clock=t0) as space:
         for offset, name in writes:
             space.set_clock(t0 + offset)
             space.write(agents[name], Observation(scope="ops", topic=name, content={}))

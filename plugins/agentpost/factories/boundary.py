@@ -79,7 +79,7 @@ def run_boundary(dsn: str, fleet: Fleet, scopes: Iterable[str] | None = None,
 
     chosen = _chosen(fleet, scopes)
     # Only the chosen scopes are registered: resolve_all_deferred skips the others.
-    space = PostgresMarkSpace(dsn, scopes=chosen, space=fleet.space, pool_size=1)
+    space = PostgresMarkSpace(dsn=dsn, scopes=chosen, space=fleet.space, pool_size=1)
     try:
         guard = Guard(space)
         if resource is None:

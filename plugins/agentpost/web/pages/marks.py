@@ -382,7 +382,7 @@ def resolve_need(dsn: str, key: bytes, space: str, need_id: UUID, need: dict[str
     """Write the person's action, resolve the need with it (§8.3) and sign the trail entry,
     in one transaction: all three or none."""
     agent = person_agent(user, need["scope"])
-    with PersonSpace(dsn, space=space) as marks:
+    with PersonSpace(dsn=dsn, space=space) as marks:
         marks.register_scope(Scope(name=need["scope"], visibility=ScopeVisibility.CLASSIFIED))
         try:
             with marks.lock(need["scope"], f"need:{need_id}"):
