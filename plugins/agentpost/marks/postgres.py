@@ -96,6 +96,7 @@ from agentpost.marks.core import (
     UnknownScope,
     WatchPattern,
     check_text,
+    cluster_needs,
     mark_from_record,
     project_mark,
     read_order_key,
@@ -111,7 +112,6 @@ from agentpost.marks.space import (
     WriteHook,
     agent_id_of,
     authorize,
-    clusters_by_scope,
     fire_hooks,
     fit_tokens,
     grace_arg,
@@ -699,9 +699,9 @@ class PostgresMarkSpace(SpaceBase):
 
     def aggregate_needs(self) -> list[NeedCluster]:
         """The open needs (unresolved, unsuperseded, strength > 0 after warnings) of
-        every scope, one cluster per scope (`space.clusters_by_scope`, §8.4)."""
+        every scope, one cluster per scope (`core.cluster_needs`, §8.4)."""
         needs = [_mark(row) for row in self._rows("unresolved_needs", {"now": self.now()})]
-        return clusters_by_scope(n for n in needs if isinstance(n, Need))
+        return cluster_needs([n for n in needs if isinstance(n, Need)])
 
     # ----------------------------------------------------------------- subscriptions
 

@@ -75,7 +75,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 from uuid import UUID, uuid4
 
 from agentpost.config import mark_content_limit
@@ -83,16 +83,18 @@ from agentpost.marks.core import (
     DEFAULT_MIN_STRENGTH,
     Action,
     Agent,
+    AnyMark,
     DecayConfig,
     DeferredVerdict,
     Intent,
     InvalidArgument,
     InvalidMark,
     Mark,
-    MarkspaceError,
     MarkType,
     Need,
+    NeedCluster,
     Observation,
+    QuotaExceededError,
     Scope,
     ScopeVisibility,
     Source,
@@ -103,6 +105,7 @@ from agentpost.marks.core import (
     WatchPattern,
     authorize_write,
     check_content_size,
+    cluster_needs,
     compute_strength,
     mark_resource,
     mark_topic,
@@ -116,25 +119,9 @@ from agentpost.marks.core import (
     trust_weight,
     visible_to,
 )
+from agentpost.marks.core import ScopeError as ScopeError  # the package's names, from here too
+from agentpost.marks.core import ValidationError as ValidationError
 from agentpost.marks.keys import KeyInUse, KeyRecord, check_key, check_same
-
-try:  # the package's exception names (issue 15), defined by core.py
-    from agentpost.marks.core import (  # type: ignore[attr-defined]
-        QuotaExceededError,
-        ScopeError,
-        ValidationError,
-    )
-except ImportError:  # pragma: no cover - until core.py defines them; then this block goes
-    ScopeError = UnauthorizedWrite  # type: ignore[misc]
-    ValidationError = (InvalidMark, UnknownScope, UnknownMark)  # type: ignore[assignment,misc]
-
-    class QuotaExceededError(MarkspaceError):  # type: ignore[no-redef]
-        """An agent already holds `max_marks_per_agent` live marks in the space."""
-
-try:  # the package's union of the five mark classes, defined by core.py
-    from agentpost.marks.core import AnyMark  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - until core.py defines it
-    AnyMark = Mark  # type: ignore[misc]
 
 log = logging.getLogger(__name__)
 
@@ -404,46 +391,6 @@ def authorize(agent: Agent, mark: Mark, scope: Scope) -> None:
             f"agent {agent.name!r} (max_source={Source(ceiling).value}) may not write "
             f"observations with source={Source(mark.source).value}"
         )
-
-
-#: what a cluster of n > 1 needs adds to its highest priority, per log(n) (§8.4)
-CLUSTER_BONUS = 0.1
-
-
-@dataclass
-class NeedCluster:
-    """The open needs of one scope, as `aggregate_needs` presents them to the principal
-    (§8.4): in write order, with the highest priority raised by log(len(needs)) * 0.1 for
-    a crowd (at most 1.0), how many block, and their contexts."""
-
-    scope: str
-    needs: list[Need]
-    effective_priority: float
-    blocking_count: int
-    contexts: list[Any]
-
-
-def clusters_by_scope(needs: Iterable[Need]) -> list[NeedCluster]:
-    """§8.4 as the package does it: the needs (in write order) grouped by scope, the
-    groups sorted by effective priority, highest first (ties: the scope whose first need
-    came first)."""
-    groups: dict[str, list[Need]] = {}
-    for need in needs:
-        groups.setdefault(need.scope, []).append(need)
-    clusters = [
-        NeedCluster(
-            scope=name,
-            needs=members,
-            effective_priority=min(1.0, max(n.priority for n in members)
-                                   + (math.log(len(members)) * CLUSTER_BONUS
-                                      if len(members) > 1 else 0.0)),
-            blocking_count=sum(1 for n in members if n.blocking),
-            contexts=[n.context for n in members],
-        )
-        for name, members in groups.items()
-    ]
-    clusters.sort(key=lambda c: -c.effective_priority)
-    return clusters
 
 
 def fire_hooks(hooks: Sequence[WriteHook], writes: Sequence[tuple[UUID, Mark]]) -> None:
@@ -1085,7 +1032,7 @@ class MarkSpace(SpaceBase):
 
     def aggregate_needs(self) -> list[NeedCluster]:
         """The open needs (unresolved, unsuperseded, strength > 0 after warnings) of
-        every scope, one cluster per scope (`clusters_by_scope`, §8.4)."""
+        every scope, one cluster per scope (`core.cluster_needs`, §8.4)."""
         with self._lock:
             now = self.now()
             needs = [
@@ -1095,7 +1042,7 @@ class MarkSpace(SpaceBase):
                 for mark in bucket.marks
                 if isinstance(mark, Need) and self._strength(mark, now) > 0.0
             ]
-        return clusters_by_scope(sorted(needs, key=lambda n: (n.created_at, n.id)))
+        return cluster_needs(needs)
 
     # ----------------------------------------------------------------- subscriptions
 
