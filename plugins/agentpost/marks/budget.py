@@ -12,8 +12,8 @@ Readings chosen where the spec leaves room:
   same agent (same id) with a larger budget: the history stays (P63), the ceiling moves and a
   stopped agent resumes (P62), as it does through `Guard.update_budget`.
 - The warning is owed once per (agent, dimension) (P60), as in the package; a round that
-  crosses both thresholds owes both warnings at once (the status it reports is the package's,
-  the first of them).
+  crosses both thresholds writes both warning Needs at once, while the status it reports and
+  the tracker's flags are the package's (the input warning now, the output one next round).
 - The hard stop compares lifetime usage with the total: ``used >= total`` stops (P61), and
   stays until a budget above the usage is seen.
 - Per-round input budgets are applied with `truncate_to_budget`: marks in the order the space
@@ -194,6 +194,7 @@ class BudgetLedger:
 
     def __init__(self) -> None:
         self._trackers: dict[UUID, BudgetTracker] = {}
+        self._warned: dict[UUID, set[BudgetDimension]] = {}
         self._lock = threading.Lock()
 
     def tracker(self, agent_id: UUID) -> BudgetTracker | None:
@@ -207,9 +208,10 @@ class BudgetLedger:
         input_tokens: int,
         output_tokens: int,
     ) -> RoundRecord:
-        """Add one round's usage (bad counts refused before anything changes). The status is
-        the package's (the first finding); `warnings` lists every dimension whose one warning
-        is owed now, marked as emitted here so concurrent rounds cannot both owe it."""
+        """Add one round's usage (bad counts refused before anything changes). The status and
+        the tracker's flags are the package's (one finding per round); `warnings` lists every
+        dimension past its threshold whose one warning Need is not written yet (P60), claimed
+        here so concurrent rounds cannot both owe it."""
         tokens_in = _checked(input_tokens, "input_tokens")
         tokens_out = _checked(output_tokens, "output_tokens")
         if budget is None:
@@ -219,12 +221,14 @@ class BudgetLedger:
             tracker.record_input(tokens_in)
             tracker.record_output(tokens_out)
             status = tracker.check_lifetime(budget)
-            warnings: list[BudgetDimension] = []
-            finding = status
-            while finding in WARNINGS:
-                warnings.append(WARNINGS[finding])
-                tracker.mark_warned(WARNINGS[finding])
-                finding = tracker.check_lifetime(budget)
+            if status in WARNINGS:
+                tracker.mark_warned(WARNINGS[status])
+            warned = self._warned.setdefault(agent_id, set())
+            warnings = [
+                d for d in BudgetDimension
+                if d not in warned and tracker._over(budget, d, budget.warning_fraction)
+            ]
+            warned.update(warnings)
             usage = _usage(agent_id, budget, tracker)
         return RoundRecord(status=status, usage=usage, warnings=tuple(warnings))
 
