@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hmac
 import threading
+import uuid
 from dataclasses import dataclass, field
 from uuid import UUID
 
@@ -69,13 +70,13 @@ class BarrierSnapshot:
     """A frozen copy of a barrier for inspection (`Guard.get_barrier`): callers cannot change
     the guard's state through it."""
 
-    agent_id: UUID
+    agent_id: uuid.UUID
     flag_count: int
     flagged_scopes: frozenset[str]
     revoked: frozenset[tuple[str, str]]
     require_need_scopes: frozenset[str]
 
-    def is_allowed_checked(self, scope: str, mark_type_value: str | MarkType) -> bool:
+    def is_allowed_checked(self, scope: str, mark_type_value: str) -> bool:
         """As `AgentBarrier.is_allowed_checked`, on the snapshot."""
         return not _revokes(self.revoked, scope, _type_value(mark_type_value))
 
@@ -97,8 +98,8 @@ class BarrierState(BaseModel):
 class AgentBarrier:
     """Monotonic permission restriction for one agent (P44, P45). Thread-safe."""
 
-    agent_id: UUID
-    _principal_token: UUID | str
+    agent_id: uuid.UUID
+    _principal_token: uuid.UUID
     _revoked: set[tuple[str, str]] = field(default_factory=set)
     _require_need_scopes: set[str] = field(default_factory=set)
     _flag_count: int = 0
@@ -112,12 +113,12 @@ class AgentBarrier:
             raise ValueError("a barrier needs a principal token (a UUID or a non-empty string)")
 
     # narrowing: only ever adds
-    def narrow(self, scope: str, mark_type_value: str | MarkType) -> None:
+    def narrow(self, scope: str, mark_type_value: str) -> None:
         """Revoke (scope, type); only the principal can lift it (P44)."""
         with self._lock:
             self._revoked.add((scope, _type_value(mark_type_value)))
 
-    def narrow_all(self, mark_type_value: str | MarkType) -> None:
+    def narrow_all(self, mark_type_value: str) -> None:
         """Revoke a mark type in every scope (the ``"*"`` entry)."""
         self.narrow(WILDCARD, mark_type_value)
 
@@ -141,13 +142,13 @@ class AgentBarrier:
             return self.increment_flags()
 
     # queries
-    def is_allowed(self, scope: str, mark_type_value: str | MarkType) -> bool:
+    def is_allowed(self, scope: str, mark_type_value: str) -> bool:
         """Whether exactly this (scope, type) entry is not revoked (no hierarchy, no
         wildcard: the package's reading; the guard uses `is_allowed_checked`)."""
         with self._lock:
             return (scope, _type_value(mark_type_value)) not in self._revoked
 
-    def is_allowed_checked(self, scope: str, mark_type_value: str | MarkType) -> bool:
+    def is_allowed_checked(self, scope: str, mark_type_value: str) -> bool:
         """False when (scope, type), an ancestor scope of it or the wildcard is revoked."""
         with self._lock:
             return not _revokes(self._revoked, scope, _type_value(mark_type_value))
@@ -193,7 +194,7 @@ class AgentBarrier:
 
     # restoring: principal only
     def restore(
-        self, scope: str, mark_type_value: str | MarkType, principal_token: UUID | str
+        self, scope: str, mark_type_value: str, principal_token: uuid.UUID
     ) -> bool:
         """Lift one revocation; False (nothing changed) for a wrong token (P45)."""
         if not self._is_principal(principal_token):
@@ -211,7 +212,7 @@ class AgentBarrier:
         with self._lock:
             self._require_need_scopes.discard(scope)
 
-    def restore_all(self, principal_token: UUID | str) -> bool:
+    def restore_all(self, principal_token: uuid.UUID) -> bool:
         """Lift every revocation and need requirement, reset the counter; False for a wrong
         token (P45)."""
         if not self._is_principal(principal_token):

@@ -78,12 +78,13 @@ from __future__ import annotations
 import hmac
 import json
 import threading
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4, uuid5
 
 from pydantic import BaseModel, ConfigDict
@@ -148,6 +149,13 @@ from agentpost.marks.telemetry import (
     TelemetrySink,
 )
 
+if TYPE_CHECKING:
+    from agentpost.marks.core import AnyMark
+    from agentpost.marks.space import MarkSpace
+
+#: the tool a guarded call runs (``tool_fn(*tool_args, **tool_kwargs)``)
+ToolFn = Callable[..., Any]
+
 #: reads of the guard count marks with effective strength at least this as active
 ACTIVE = 1e-6
 #: the guard's system agent (its Needs and warnings): one fixed id for every process
@@ -207,7 +215,7 @@ class GuardDecision:
 
     verdict: GuardVerdict
     reason: str
-    intent_id: UUID | None = None
+    intent_id: uuid.UUID | None = None
     winning_intent: Intent | None = None
     conflicting_intents: list[Intent] = field(default_factory=list)
     winning_action: Action | None = field(default=None, kw_only=True)
@@ -299,9 +307,13 @@ class BudgetExhausted(WriteRejected):
 
 
 class ContentPolicyError(WriteRejected):
-    """A content policy rejected an observation; nothing was stored (P67)."""
+    """A content policy rejected an observation; nothing was stored (P67). Built like any
+    exception (the package's): ``ContentPolicyError(reason)``."""
 
     check = GuardCheck.CONTENT_POLICY
+
+    def __init__(self, /, *args, **kwargs):
+        Exception.__init__(self, *args, **kwargs)
 
 
 _REJECTIONS: dict[GuardCheck, type[WriteRejected]] = {
@@ -370,11 +382,11 @@ class Guard:
 
     def __init__(
         self,
-        space: Any,
+        space: MarkSpace,
         envelope: StatisticalEnvelope | None = None,
-        principal_token: UUID | str | None = None,
+        principal_token: uuid.UUID | None = None,
         telemetry: TelemetrySink | None = None,
-        content_policies: Sequence[ContentPolicy] | None = None,
+        content_policies: list[ContentPolicy] | None = None,
         *,
         barriers: Mapping[UUID, AgentBarrier] | None = None,
         barrier_factory: Callable[[UUID], AgentBarrier] | None = None,
@@ -420,7 +432,7 @@ class Guard:
     def content_policies(self) -> tuple[ContentPolicy, ...]:
         return self._content_policies
 
-    def get_or_create_barrier(self, agent_id: UUID) -> AgentBarrier:
+    def get_or_create_barrier(self, agent_id: uuid.UUID) -> AgentBarrier:
         """The agent's (mutable) barrier, created clear on first use."""
         with self._lock:
             barrier = self._barriers.get(agent_id)
@@ -431,14 +443,14 @@ class Guard:
 
     barrier_for = get_or_create_barrier  # deprecated name
 
-    def get_barrier(self, agent_id: UUID) -> BarrierSnapshot | None:
+    def get_barrier(self, agent_id: uuid.UUID) -> BarrierSnapshot | None:
         """A frozen snapshot of the agent's barrier (None if it has none): inspecting it
         cannot change the guard's state."""
         with self._lock:
             barrier = self._barriers.get(agent_id)
         return None if barrier is None else barrier.snapshot()
 
-    def set_barrier(self, agent_id: UUID, barrier: AgentBarrier) -> None:
+    def set_barrier(self, agent_id: uuid.UUID, barrier: AgentBarrier) -> None:
         """Install a barrier for the agent (a principal's action)."""
         if not isinstance(barrier, AgentBarrier):
             raise InvalidArgument(f"expected an AgentBarrier, got {type(barrier).__name__}")
@@ -722,8 +734,8 @@ class Guard:
     # ------------------------------------------------------------------ deferred resolution
 
     def resolve_deferred(
-        self, scope: str, resource: str, agents: Mapping[UUID, Agent] | None = None
-    ) -> dict[UUID, GuardDecision]:
+        self, scope: str, resource: str, agents: dict[uuid.UUID, Agent] | None = None
+    ) -> dict[uuid.UUID, GuardDecision]:
         """A resolution boundary for (scope, resource) (§6.2, P14–P18): agent id -> decision.
         With ``agents`` (id -> current Agent), an intent whose agent is missing, may no
         longer write intents and actions there, or is barred by its barrier is DENIED at
@@ -880,13 +892,13 @@ class Guard:
         self,
         agent: Agent,
         scope: str,
-        resource: str | None,
+        resource: str,
         action: str,
         result: Any,
-        intent_id: UUID | None = None,
+        intent_id: uuid.UUID | None = None,
         *,
         failed: bool = False,
-    ) -> UUID:
+    ) -> uuid.UUID:
         """§9.2: record the outcome as an action mark that supersedes the intent; a race
         with another agent's action is settled by §6.3 (the later action wins). A result
         that is not a JSON object is stored as `as_result` shapes it."""
@@ -966,7 +978,7 @@ class Guard:
         resource: str,
         intent_action: str,
         result_action: str,
-        tool_fn: Callable[..., Any],
+        tool_fn: ToolFn,
         confidence: float = 0.5,
         tool_args: tuple[Any, ...] = (),
         tool_kwargs: dict[str, Any] | None = None,
@@ -989,7 +1001,7 @@ class Guard:
         resource: str,
         intent_action: str,
         result_action: str,
-        tool_fn: Callable[..., Any],
+        tool_fn: ToolFn,
         confidence: float = 0.5,
         tool_args: tuple[Any, ...] = (),
         tool_kwargs: dict[str, Any] | None = None,
@@ -1146,7 +1158,7 @@ class Guard:
 
     # ------------------------------------------------------------------ write_mark
 
-    def write_mark(self, agent: Agent, mark: Mark) -> UUID:
+    def write_mark(self, agent: Agent, mark: AnyMark) -> uuid.UUID:
         """The single enforcement boundary for observations, warnings and needs (§9.7):
         budget, barrier, scope rate limit and envelope, then ``space.write``. A rejection
         stores nothing (P42) and raises a `WriteRejected`; intents and actions raise
@@ -1481,7 +1493,7 @@ class Guard:
         """The agent's usage against its manifest's budget (None without one)."""
         return self.budgets.status(agent.id, _budget_of(agent))
 
-    def get_budget_status(self, agent_id: UUID) -> tuple[int, int, bool] | None:
+    def get_budget_status(self, agent_id: uuid.UUID) -> tuple[int, int, bool] | None:
         """(input used, output used, exhausted) for a tracked agent, else None."""
         return self.budgets.snapshot(agent_id)
 
@@ -1492,7 +1504,7 @@ class Guard:
         return None if refusal is None else refusal.reason
 
     def update_budget(
-        self, agent: Agent, new_budget: TokenBudget, principal_token: UUID | str
+        self, agent: Agent, new_budget: TokenBudget, principal_token: uuid.UUID
     ) -> bool:
         """The principal raises (or sets) the agent's budget: a stopped agent whose usage is
         below the new totals resumes (P62). False, nothing changed, for a wrong token. The

@@ -20,6 +20,7 @@ Readings chosen where the spec leaves room:
 from __future__ import annotations
 
 import threading
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -64,7 +65,7 @@ class RateLimitTracker:
     """Write times per (scope, agent) and per scope, in sliding windows (the package's
     tracker). Not locked: its owner serializes calls."""
 
-    _per_agent: dict[tuple[str, UUID], deque[float]] = field(default_factory=dict)
+    _per_agent: dict[tuple[str, uuid.UUID], deque[float]] = field(default_factory=dict)
     _per_scope: dict[str, deque[float]] = field(default_factory=dict)
 
     def refusal(
@@ -98,7 +99,7 @@ class RateLimitTracker:
             self._per_scope.setdefault(scope, deque()).append(now)
 
     def check_and_record(
-        self, scope: str, agent_id: UUID, limit: ScopeRateLimit, now: float
+        self, scope: str, agent_id: uuid.UUID, limit: ScopeRateLimit, now: float
     ) -> str | None:
         """The package's call: the reason a write is refused (P64, P65), or None after
         counting it."""
