@@ -49,6 +49,7 @@ from agentpost.marks.envelope import (
 )
 from agentpost.marks.guard import (
     SYSTEM_AGENT_ID,
+    SYSTEM_SCOPE,
     BarrierDenied,
     BudgetExhausted,
     EnvelopeRestricted,
@@ -569,7 +570,7 @@ def budgeted(name: str = "spender", **limits) -> Agent:
 def budget_needs(space, who) -> list[Need]:
     return [
         m
-        for m in space.read("feed", mark_type=MarkType.NEED)
+        for m in space.read(SYSTEM_SCOPE, mark_type=MarkType.NEED)
         if isinstance(m, Need)
         and m.context.get("kind") == "budget_warning"
         and m.context.get("agent_id") == str(who.id)

@@ -160,8 +160,9 @@ def test_agent_barrier_package_semantics():
 
 def test_budget_through_the_guard(make_space):
     """record_round_tokens -> BudgetStatus (OK without a budget, P59; the warning before the
-    stop, P60); check_budget_activation's reason once spent (P61); get_budget_status's
-    tuple; update_budget needs the principal token and resumes the agent (P62)."""
+    stop, its non-blocking Need in `_system`, P60); check_budget_activation's reason once
+    spent (P61); get_budget_status's tuple; update_budget needs the principal token and
+    resumes the agent (P62)."""
     space = spaces(make_space)
     token = uuid.uuid4()
     guard = Guard(space, principal_token=token)
@@ -171,6 +172,9 @@ def test_budget_through_the_guard(make_space):
     spender = member("spender", TokenBudget(max_input_tokens_total=100))
     assert guard.record_round_tokens(spender, 50, 0) is BudgetStatus.OK
     assert guard.record_round_tokens(spender, 50, 0) is BudgetStatus.WARNING_INPUT
+    needs = space.read(scope="_system", mark_type=MarkType.NEED)
+    assert [(n.blocking, n.context["agent_id"], n.context["dimension"]) for n in needs] == [
+        (False, str(spender.id), "input")]
     assert guard.record_round_tokens(spender, 0, 0) is BudgetStatus.EXHAUSTED_INPUT
     assert "exhausted" in guard.check_budget_activation(spender)
     assert guard.get_budget_status(spender.id) == (100, 0, True)

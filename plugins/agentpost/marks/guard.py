@@ -415,6 +415,7 @@ class Guard:
         self._system_grants: dict[str, tuple[MarkType, ...]] = {}
         self._system: Agent = system_agent or Agent(id=SYSTEM_AGENT_ID, name=SYSTEM_AGENT_NAME)
         self._lock = threading.RLock()
+        self._ensure_system_scope()
         if envelope is not None:
             envelope.exempt(self._system.id)
 
@@ -1607,8 +1608,8 @@ class Guard:
     def _budget_need(
         self, agent: Agent, dimension: BudgetDimension, status: BudgetUsage | None
     ) -> None:
-        scope = self.notice_scope or _home_scope(agent)
-        if scope is None or status is None:
+        scope = self.notice_scope or SYSTEM_SCOPE
+        if status is None:
             return
         total = status.input_total if dimension is BudgetDimension.INPUT else status.output_total
         used = status.input_used if dimension is BudgetDimension.INPUT else status.output_used
@@ -1622,11 +1623,14 @@ class Guard:
                 context={
                     "kind": "budget_warning",
                     "agent_id": str(agent.id),
+                    "agent_name": agent.name,
                     "dimension": dimension.value,
                     "used": used,
+                    "consumed": used,
                     "total": total,
+                    "warning_fraction": _budget_of(agent).warning_fraction,
                 },
-                priority=0.6,
+                priority=0.7,
                 blocking=False,
             )
         )
@@ -1873,10 +1877,6 @@ def _same_request(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
 
 def _budget_of(agent: Agent) -> Any:
     return agent.manifest.budget if agent.manifest is not None else None
-
-
-def _home_scope(agent: Agent) -> str | None:
-    return min(agent.scopes) if agent.scopes else None
 
 
 def as_result(value: Any) -> dict[str, Any]:
