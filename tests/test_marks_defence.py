@@ -39,6 +39,7 @@ from agentpost.marks.core import (
     TokenBudget,
     UnauthorizedWrite,
     UnknownScope,
+    Warning,
 )
 from agentpost.marks.envelope import (
     AnomalyKind,
@@ -386,8 +387,9 @@ def test_p43_one_scope_per_flag_and_global_need_only_after_the_threshold(make_sp
 
 
 def test_escalation_after_three_flags_requires_needs_everywhere(make_space):
-    """§9.7 escalation 1–3: flags on three scopes narrow one scope each; the third makes
-    every action wait for the principal (BLOCKED with a Need), Needs stay writable."""
+    """§9.7 escalation 1–3: flags on three scopes narrow one scope each; the third requires
+    a Need before any action anywhere (DENIED until the agent writes one there; Needs stay
+    writable)."""
     space, _, guard = guarded(make_space, scopes=("feed", "other", "third", "quiet"))
     who = agent("who", scopes=("feed", "other", "third", "quiet"))
     for window in range(6):
@@ -410,9 +412,10 @@ def test_escalation_after_three_flags_requires_needs_everywhere(make_space):
         assert state.flag_count == window - 5
         assert state.need_all is (state.flag_count >= 3)
     decision = guard.pre_action(who, "quiet", "r", "touch")
-    assert decision.verdict is Verdict.BLOCKED and decision.check is GuardCheck.NEED_REQUIRED
-    assert decision.need_id is not None and decision.reason
+    assert decision.verdict is Verdict.DENIED and decision.check is GuardCheck.NEED_REQUIRED
+    assert decision.reason
     guard.write_mark(who, Need(scope="quiet", question="may I?"))
+    assert guard.pre_action(who, "quiet", "r", "touch").verdict is Verdict.ALLOW
 
 
 # =========================================================================== barrier
@@ -477,8 +480,9 @@ def test_barrier_hierarchy_wildcard_and_restore():
 
 
 def test_guard_applies_barriers_to_actions_and_writes(make_space):
-    """§9.8 through the guard: a revoked intent/action type means DENIED (check barrier), a
-    need requirement means BLOCKED with a Need, and the principal's restore lifts both."""
+    """§9.8 through the guard: a revoked intent/action type means DENIED (check barrier); a
+    need requirement refuses intents and writes (DENIED, BarrierDenied) until the agent has
+    written a Need of its own there (the package's reading); restore_all lifts both."""
     space = make_space([Scope(name="feed")], clock=at(0))
     guard = Guard(space, principal_token=TOKEN)
     who = agent("who")
@@ -492,10 +496,17 @@ def test_guard_applies_barriers_to_actions_and_writes(make_space):
         guard.write_mark(who, obs())
     barrier.restore("feed", MarkType.ACTION, TOKEN)
     barrier.require_need("feed")
-    blocked = guard.pre_action(who, "feed", "r", "do")
-    assert blocked.verdict is Verdict.BLOCKED and blocked.need_id is not None
+    refused = guard.pre_action(who, "feed", "r", "do")
+    assert refused.verdict is Verdict.DENIED and refused.check is GuardCheck.NEED_REQUIRED
     barrier.restore_all(TOKEN)
+    barrier.require_need("feed")
+    with pytest.raises(BarrierDenied):
+        guard.write_mark(who, Warning(scope="feed", topic="t", reason="r"))
+    assert guard.pre_action(who, "feed", "r", "do").verdict is Verdict.DENIED
+    guard.write_mark(who, Need(scope="feed", question="may I?"))
     assert guard.pre_action(who, "feed", "r", "do").verdict is Verdict.ALLOW
+    barrier.restore_all(TOKEN)
+    assert guard.pre_action(who, "feed", "r2", "do").verdict is Verdict.ALLOW
 
 
 # =========================================================================== probe

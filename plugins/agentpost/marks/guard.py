@@ -4,9 +4,15 @@ The agent decides WHAT to do; the guard decides WHETHER it is allowed. `pre_acti
 writes the agent's intent, `post_action` records the result as an action mark, `execute` wraps
 a tool call in both and never calls the tool unless the verdict is ALLOW (P37). `write_mark` is
 the single enforcement boundary for the agent's own observations, warnings and needs (barrier,
-rate limit, envelope). The optional defence layers plug in here: the statistical envelope
-(`envelope.py`), absorbing barriers (`barrier.py`), token budgets (`budget.py`), scope rate
-limits (`rate_limit.py`) and telemetry (`telemetry.py`).
+rate limit, content policies, envelope). The optional defence layers plug in here: the
+statistical envelope (`envelope.py`), absorbing barriers (`barrier.py`), token budgets
+(`budget.py`), scope rate limits (`rate_limit.py`), content policies (Markspace §9.13,
+`ContentPolicy` here) and telemetry (`telemetry.py`).
+
+The public API is the markspace package's (`Guard(space, envelope, principal_token, telemetry,
+content_policies)`, `GuardVerdict`, `GuardDecision`, `resolve_deferred` returning decisions,
+...); our additions are keyword-only or extra methods, and our older names (`Verdict`,
+`barrier_for`, `resolve_deferred_decisions`) remain as deprecated aliases.
 
 The guard talks to the space only through the interface both backends share (`write`, `read`,
 `get`, `lock`, `now`, `get_scope`, `active_marks`, the deferred verdicts), and serializes every
@@ -18,8 +24,9 @@ Readings chosen where the spec leaves room (docs/design.md repeats them):
 - Order of the checks in `pre_action`: the scope must exist (else `UnknownScope` is raised:
   configuration, not a verdict); authorization for intents *and* actions in the scope (a tool
   call ends in an action mark, so an agent that may not write one is DENIED up front); the
-  intent verb; the token budget; the barrier (revoked type: DENIED; "require need": BLOCKED
-  with a Need for the principal); an active action of another agent on (scope, resource):
+  intent verb; the token budget; the barrier (a revoked intent *or action* type: DENIED; a
+  "require need" without an unresolved Need of the agent's own in the scope: DENIED, as in
+  the package); an active action of another agent on (scope, resource):
   CONFLICT (P39, also in deferred scopes); the scope's rate limit and the envelope: DENIED; then
   the intent is written and the conflict policy applied.
 - A CONFLICT caused by an action carries, as `winning_intent`, the intent that action
@@ -68,7 +75,24 @@ Readings chosen where the spec leaves room (docs/design.md repeats them):
   effort: a scope that refuses them (a warning topic not in its list, say) is reported to
   telemetry and does not change the agent's verdict.
 - Budgets: a stopped agent (lifetime usage >= total) is refused activation, tool calls
-  (DENIED) and writes (`BudgetExhausted`) until the principal raises its budget.
+  (DENIED) and writes (`BudgetExhausted`) until the principal raises its budget (on the
+  manifest or through `update_budget`). The package only refuses activation
+  (`check_budget_activation`); we keep the stricter reading of P61. Budget warning Needs go to
+  the `_system` scope (registered by the constructor, as in the package) unless
+  ``notice_scope`` names another.
+- Content policies (Markspace §9.13): observations written through `write_mark` only (P69),
+  after the barrier and the rate limit and before the envelope records the attempt, so a
+  REJECT is neither stored (P67) nor seen by the envelope or the barrier (P70); its rate-limit
+  slot stays used, as in the package. A FLAG stores the observation and one `_system` warning
+  (topic ``content-policy-flag``, every flag's reason, the observation's id) both or neither:
+  in one transaction on Postgres, the warning checked before anything is stored on both
+  backends (a `_system` that refuses it fails the write; the package would store the mark
+  alone). A policy's exception propagates (nothing stored); a result that is not a
+  `PolicyResult` raises `InvalidArgument`.
+- Where we keep a reading other than the package's: a repeated `pre_action` with the same
+  verb and confidence reuses the agent's intent (P36) where the package writes a second one
+  and may make the agent yield to itself; an action revoked by the barrier denies
+  `pre_action` (the package checks the intent type only).
 - Telemetry never affects an outcome (P57); every `write_mark` and `execute` emits one event
   (P58), accepted or not.
 """
@@ -501,9 +525,6 @@ class Guard:
         refusal = self._authorize(agent, scope_def, proposed)
         if refusal is not None:
             return _denied(refusal)
-        blocked = self._need_gate(agent, proposed)
-        if blocked is not None:
-            return blocked
         board = self._board(proposed.scope, proposed.resource)
         claim = board.claim(exclude=agent.id)
         if claim is not None:
@@ -537,31 +558,6 @@ class Guard:
             )
         return self._budget_refusal(agent) or self._barrier_refusal(
             agent, intent.scope, (MarkType.INTENT, MarkType.ACTION)
-        )
-
-    def _need_gate(self, agent: Agent, intent: Intent) -> GuardDecision | None:
-        """BLOCKED while the barrier requires the principal's input before acting here."""
-        barrier = self._barriers.get(agent.id)
-        if barrier is None or not barrier.need_required(intent.scope):
-            return None
-        reason = (
-            f"agent {agent.name!r} must have the principal's approval before acting in scope "
-            f"{intent.scope!r} (barrier requires a need)"
-        )
-        need_id = self._ensure_need(
-            intent.scope,
-            question=f"Approve {agent.name!r} to {intent.action} {intent.resource!r}?",
-            context={
-                "kind": "approval_required",
-                "agent_id": str(agent.id),
-                "resource": intent.resource,
-                "action": intent.action,
-            },
-            priority=0.9,
-            blocking=True,
-        )
-        return GuardDecision(
-            verdict=Verdict.BLOCKED, reason=reason, need_id=need_id, check=GuardCheck.NEED_REQUIRED
         )
 
     def _claimed(self, claim: Action) -> GuardDecision:
@@ -1317,6 +1313,7 @@ class Guard:
         barrier = self._barriers.get(agent.id)
         if barrier is None:
             return None
+        mark_types = tuple(mark_types)
         for mark_type in mark_types:
             if not barrier.is_allowed_checked(scope, mark_type):
                 return _Refusal(
@@ -1327,7 +1324,25 @@ class Guard:
                         "restores it"
                     ),
                 )
-        return None
+        if MarkType.NEED in mark_types or not barrier.needs_required(scope):
+            return None
+        if self._has_open_need(agent.id, scope):
+            return None
+        return _Refusal(
+            check=GuardCheck.NEED_REQUIRED,
+            reason=(
+                f"agent {agent.name!r} must write a Need mark in scope {scope!r} before other "
+                "writes there (its barrier requires one)"
+            ),
+        )
+
+    def _has_open_need(self, agent_id: UUID, scope: str) -> bool:
+        """Whether the agent has an unresolved Need of its own in exactly ``scope`` (what a
+        barrier's need requirement asks for, as in the package)."""
+        return any(
+            isinstance(mark, Need) and mark.agent_id == agent_id and mark.resolved_by is None
+            for mark in self._read(scope, mark_type=MarkType.NEED)
+        )
 
     def _admit(
         self, agent: Agent, scope: str, mark_type: MarkType, topic: str | None
