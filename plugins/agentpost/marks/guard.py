@@ -551,7 +551,7 @@ class Guard:
                         f"marks in scope {intent.scope!r}"
                     ),
                 )
-        if not scope_def.allows_intent_verb(intent.action):
+        if not _verb_allowed(scope_def.allowed_intent_verbs, intent.action):
             return _Refusal(
                 check=GuardCheck.VERB,
                 reason=f"intent verb {intent.action!r} is not allowed in scope {intent.scope!r}",
@@ -1110,7 +1110,7 @@ class Guard:
 
     def _verb_gate(self, agent: Agent, scope: str, result_action: str) -> GuardDecision | None:
         scope_def = self.space.get_scope(scope)
-        if scope_def.allows_action_verb(result_action):
+        if _verb_allowed(scope_def.allowed_action_verbs, result_action):
             return None
         return _denied(
             _Refusal(
@@ -1810,6 +1810,12 @@ def _checked_policies(policies: Sequence[ContentPolicy] | None) -> tuple[Content
                 f"a content policy needs an evaluate() method: {type(policy).__name__}"
             )
     return checked
+
+
+def _verb_allowed(allowed: Sequence[str], verb: str) -> bool:
+    """The space's rule for a scope's verb list (§7.1): empty allows every verb, else the
+    verb or ``"*"`` must be listed (so the guard's early DENIED matches the store)."""
+    return not allowed or verb in allowed or "*" in allowed
 
 
 def _rewritten(mark: Observation, content: Any) -> Observation:
