@@ -21,7 +21,7 @@ from agentpost.marks.core import (
     Source,
     Warning,
 )
-from agentpost.marks.envelope import StatisticalEnvelope, WelfordDetector
+from agentpost.marks.envelope import StatisticalEnvelope
 from agentpost.marks.guard import (
     SYSTEM_SCOPE,
     ContentPolicy,
@@ -148,12 +148,14 @@ def test_p70_reject_and_flag_leave_envelope_and_barrier_alone(make_space):
     space = make_space([Scope(name="feed")])
     seen: list = []
 
-    class Counting(WelfordDetector):
-        def record(self, mark_type, at_time):
-            seen.append(mark_type)
-            super().record(mark_type, at_time)
+    class Counting(StatisticalEnvelope):
+        """The envelope, noting every attempt the guard reports (P70's record_attempt)."""
 
-    envelope = StatisticalEnvelope(detector_factory=Counting)
+        def record_attempt(self, agent_id, *args, **kwargs):
+            seen.append(next(a for a in args if isinstance(a, MarkType)))
+            return super().record_attempt(agent_id, *args, **kwargs)
+
+    envelope = Counting()
     reject = Guard(space, envelope=envelope,
                    content_policies=[Scripted("no", PolicyVerdict.REJECT, [])])
     for _ in range(3):
