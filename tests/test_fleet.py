@@ -278,6 +278,7 @@ def test_a_boundary_notifies_each_verdict(store: EnvelopeStore, dsn: str) -> Non
                         "verdicts": {"driver-a": "blocked", "driver-b": "allow"}}]
     ids = {str(fleet.agent(n).id): n for n in ("driver-a", "driver-b")}
     assert sorted(ids[p] for p in heard) == ["driver-a", "driver-b"]
+    assert run_boundary(dsn, fleet, resource="spot-7") == summary  # one resource: same verdicts
     with pytest.raises(InvalidInput, match="'weather' is not a deferred scope of fleet"):
         run_boundary(dsn, fleet, scopes=["weather"])
 

@@ -78,8 +78,8 @@ def race(dsn: str, space_name: str, worker: int, barrier: Any, results: Any) -> 
             decisions.append((scope, resource, str(agent.id), decision.verdict.value,
                               str(decision.intent_id) if decision.intent_id else None))
         boundaries = [
-            (resource, {str(a): v.value for a, v in guard.resolve_deferred("parking",
-                                                                            resource).items()})
+            (resource, {str(a): v.verdict.value
+                        for a, v in guard.resolve_deferred("parking", resource).items()})
             for resource in RESOURCES
         ]
         space.close()
@@ -168,7 +168,7 @@ def test_processes_racing_pre_action_never_break_the_rules(module_dsn: str,
         for resource in RESOURCES:
             intents = space.read("parking", resource=resource, mark_type=MarkType.INTENT)
             winner = min(intents, key=lambda i: (-i.confidence, i.created_at, i.id))
-            outcome = guard.resolve_deferred("parking", resource)
+            outcome = {a: d.verdict for a, d in guard.resolve_deferred("parking", resource).items()}
             assert len(outcome) == total
             assert [a for a, v in outcome.items() if v is Verdict.ALLOW] == [winner.agent_id]
             assert max(i.confidence for i in intents) == winner.confidence

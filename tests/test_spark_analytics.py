@@ -152,11 +152,11 @@ def _marks(dsn: str) -> None:
         guard.pre_action(ALICE, "lot", "spot-1", "park", 0.3)
         guard.pre_action(BOB, "lot", "spot-1", "park", 0.9)
         verdicts = guard.resolve_deferred("lot", "spot-1")
-        assert verdicts[BOB.id].value == "allow"
-        guard.post_action(BOB, "lot", "spot-1", "parked")
+        assert verdicts[BOB.id].verdict.value == "allow"
+        guard.post_action(BOB, "lot", "spot-1", "parked", {})
         guard.pre_action(ALICE, "ops", "db", "migrate")
         guard.pre_action(BOB, "ops", "db", "backup")
-        guard.post_action(ALICE, "ops", "db", "migrated")
+        guard.post_action(ALICE, "ops", "db", "migrated", {})
         guard.pre_action(ALICE, "ops", "cache", "flush")
         keys = space.write(ALICE, Need(scope="ops", question="Rotate the keys?", priority=0.5))
         space.write(BOB, Need(scope="ops", question="rotate  the KEYS", priority=0.7))

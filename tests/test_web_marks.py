@@ -209,7 +209,8 @@ def test_intents_conflicts_and_verdicts(web: Any, space: PostgresMarkSpace) -> N
     guard.pre_action(ALICE, "lot", "spot-2", "park", 0.3)
     guard.pre_action(BOB, "lot", "spot-2", "park", 0.8)
     verdicts = guard.resolve_deferred("lot", "spot-2")
-    assert {a: v.value for a, v in verdicts.items()} == {ALICE.id: "blocked", BOB.id: "allow"}
+    assert {a: v.verdict.value for a, v in verdicts.items()} == {
+        ALICE.id: "blocked", BOB.id: "allow"}
     page = web.client("viewer").get(_url(space, scope="lot")).text
     intents = re.findall(r'<tr data-intent="[^"]+" data-resource="([^"]+)"( class="warn")?>'
                          r'.*?<td class="verdict">([^<]+)</td>', page, re.S)

@@ -85,7 +85,8 @@ def run_boundary(dsn: str, fleet: Fleet, scopes: Iterable[str] | None = None,
         if resource is None:
             outcome = guard.resolve_all_deferred()
         else:
-            outcome = {(s.name, resource): guard.resolve_deferred(s.name, resource)
+            outcome = {(s.name, resource): {agent_id: decision.verdict for agent_id, decision
+                                            in guard.resolve_deferred(s.name, resource).items()}
                        for s in chosen}
     finally:
         space.close()
