@@ -46,6 +46,7 @@ from agentpost.marks import (
 )
 from agentpost.marks import Warning as WarningMark
 from agentpost.marks.core import InvalidArgument
+from agentpost.marks.envelope import AnomalyKind
 from agentpost.marks.guard import Guard
 from agentpost.marks.telemetry import METRIC_MARKS_WRITTEN
 from marks_backends import T0, make_space_fixture  # noqa: F401 (fixture)
@@ -252,6 +253,78 @@ def test_welford_detector_package_api() -> None:
     copy.import_state(json.loads(json.dumps(detector.export_state())))
     assert copy.is_ready() and copy.completed_windows == 6
     assert copy.diagnostic_stats()["mean"] == detector.diagnostic_stats()["mean"]
+
+
+LONG_HISTORY = 40  # windows of 2 writes: past ~13, a closed half no longer lifts the threshold
+
+
+def straddle(envelope: StatisticalEnvelope, clock: Clock, gap: float = WINDOW) -> uuid.UUID:
+    """A long-running agent, then a burst across a window boundary: 9 writes recorded through
+    the write hook with no check in their window (never judged), and ``gap`` later 6 more,
+    under the threshold on their own. Returns the agent."""
+    who = uuid.uuid4()
+    windows(envelope, clock, who, [2] * LONG_HISTORY)
+    windows(envelope, clock, who, [9])
+    clock.t += gap - WINDOW
+    for _ in range(6):
+        envelope.record(who, obs())
+    return who
+
+
+def test_straddling_burst_of_section_9_7_restricts_the_default_envelope() -> None:
+    """Markspace §9.7 check 1: ``current + previous > 2 * threshold`` flags a burst split
+    across a window boundary; on by default (beyond the package). Here 6 + 9 > 2 * 7.33,
+    while the 6 of the current window alone stay under 7.33."""
+    clock = Clock()
+    envelope = StatisticalEnvelope(clock=clock)
+    who = straddle(envelope, clock)
+    threshold = envelope.detector_for(who).threshold(OBS)
+    assert 6 < threshold < 7.5
+    finding = envelope.evaluate(who)
+    assert finding.verdict is EnvelopeVerdict.RESTRICTED
+    assert (finding.kind, finding.mark_type) == (AnomalyKind.BURST, OBS)
+    assert envelope.check(who) is EnvelopeVerdict.RESTRICTED  # P40
+    stats = envelope.get_stats(who)
+    assert stats.previous_window.counts == {OBS: 9} and stats.current_window.counts == {OBS: 6}
+
+
+def test_straddle_check_off_gives_the_package_verdict() -> None:
+    """``EnvelopeConfig(straddle_check=False)``: the package's exact detection, so the same
+    straddling sequence stays NORMAL (the package's WelfordDetector only sees 6 < 7.33)."""
+    clock = Clock()
+    envelope = StatisticalEnvelope(EnvelopeConfig(straddle_check=False), clock)
+    who = straddle(envelope, clock)
+    assert envelope.check(who) is EnvelopeVerdict.NORMAL
+    assert EnvelopeConfig().straddle_check is True
+
+
+def test_straddle_needs_adjacent_windows_an_idle_gap_means_no_previous() -> None:
+    """§9.7 straddle: the halves must sit either side of one boundary; with a whole idle
+    window between them, ``previous`` is empty and the later half alone is NORMAL."""
+    clock = Clock()
+    envelope = StatisticalEnvelope(clock=clock)
+    who = straddle(envelope, clock, gap=2 * WINDOW)
+    assert envelope.check(who) is EnvelopeVerdict.NORMAL
+    assert envelope.get_stats(who).previous_window.counts == {}
+
+
+def test_reset_forgives_the_burst_for_the_straddle_check() -> None:
+    """P40 reset: the window whose burst was lifted does not restrict again as the next
+    window's ``previous`` (20 + 6 > 2 * 12.28 without the forgiveness); as the package,
+    which has no straddle check, the agent is NORMAL after reset."""
+    clock = Clock()
+    envelope = StatisticalEnvelope(clock=clock)
+    who = uuid.uuid4()
+    windows(envelope, clock, who, [2] * LONG_HISTORY)
+    for _ in range(20):
+        envelope.record(who, obs())
+    assert envelope.check(who) is EnvelopeVerdict.RESTRICTED
+    clock.t += WINDOW
+    assert envelope.reset(who, uuid.uuid4()) is True
+    for _ in range(6):
+        envelope.record(who, obs())
+    assert envelope.check(who) is EnvelopeVerdict.NORMAL
+    assert 12 < envelope.detector_for(who).threshold(OBS) < 13  # 26 would straddle
 
 
 def test_windowed_keywords_and_a_config_do_not_mix() -> None:

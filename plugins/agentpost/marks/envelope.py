@@ -14,13 +14,21 @@ Two detection engines, chosen by how the envelope is built:
   and closes at the first write or check after ``window_seconds``; only windows with writes
   are observed; only ``tracked_types`` (observations and warnings) count; the cold-start
   baseline is the median and MAD of the first ``min_samples`` active windows (robust to a
-  burst during cold start); stddev is floored at the Poisson bound sqrt(mean).
+  burst during cold start); stddev is floored at the Poisson bound sqrt(mean). Beyond the
+  package, and on by default (``EnvelopeConfig.straddle_check``), §9.7's boundary-straddling
+  burst check: ``current + previous > 2 * threshold``, where ``previous`` is the window
+  completed just before (empty after a whole idle window, and without the writes a reset
+  forgave). Two halves each under the threshold never sum above twice it, so the check
+  adds detection only where a window's writes were not judged while it was current (a
+  write hook with sparse checks, the package's pattern); the guard judges after every
+  attempt, so behind it the check practically never fires. ``straddle_check=False`` gives
+  the package's exact verdicts.
 - Ours, the windowed reading (any of the keywords ``window_seconds``, ``k``, ``min_samples``,
   ``type_shift_threshold``, ``detector_factory``): `WindowedDetector`, windows aligned on
   multiples of ``window_seconds``, every mark type counted, idle windows fed as zeros (at most
   ``max_idle_windows``), stddev floored at ``std_floor``, the type-shift check as total
   variation distance, and the boundary-straddling burst check of §9.7 (``current + previous >
-  2 * threshold``), which the package does not implement. The Spark analytics mirror it.
+  2 * threshold``). The Spark analytics mirror it.
 
 Our additions on either engine:
 - The envelope counts *attempts*: every write the guard tries for an agent, including the ones
@@ -546,6 +554,9 @@ class EnvelopeConfig:
     concentration_threshold: int = DEFAULT_CONCENTRATION_THRESHOLD
     global_escalation_threshold: int = DEFAULT_GLOBAL_ESCALATION_THRESHOLD
     exempt_agents: set[uuid.UUID] = field(default_factory=set)
+    #: ours: §9.7's boundary-straddling burst check, which the package leaves out; False
+    #: gives the package's exact verdicts
+    straddle_check: bool = field(default=True, kw_only=True)
 
 
 @dataclass
@@ -578,6 +589,10 @@ class _AgentState:
     detector: Any
     window: int | None = None
     current: _WindowCounts = field(default_factory=lambda: _WindowCounts(start=None))
+    #: the package engine: the last completed window, empty after an idle gap (§9.7 straddle)
+    previous: _WindowCounts = field(default_factory=_WindowCounts)
+    #: counts of the current window a reset forgave: they never become ``previous``
+    forgiven: dict[MarkType, int] = field(default_factory=dict)
     scope_counts: Counter[tuple[MarkType, str]] = field(default_factory=Counter)
     seen_flags: set[tuple[Any, ...]] = field(default_factory=set)
     restricted: Finding | None = None
@@ -743,6 +758,10 @@ class StatisticalEnvelope:
                 state.detector.discard_current()
                 state.scope_counts.clear()
             lifted, state.restricted = state.restricted is not None, None
+            if lifted and not self.windowed:  # the window stays (package); its writes are
+                # forgiven as a later window's straddle ``previous``
+                state.previous = _WindowCounts()
+                state.forgiven = dict(state.current.counts)
             return lifted
 
     def export_stats(self) -> dict[str, Any]:
@@ -859,8 +878,15 @@ class StatisticalEnvelope:
             return
         if now < start + self.window_seconds:
             return
-        if state.current.counts:
-            state.detector.observe(dict(state.current.counts))
+        closed = state.current
+        if closed.counts:
+            state.detector.observe(dict(closed.counts))
+        state.previous = (
+            self._carried(closed, state.forgiven)
+            if now < start + 2 * self.window_seconds
+            else _WindowCounts()  # a whole idle window between: nothing straddles
+        )
+        state.forgiven = {}
         state.current = _WindowCounts(start=now)
         state.scope_counts.clear()
         for writers in self._recent_writers.values():
@@ -881,10 +907,43 @@ class StatisticalEnvelope:
             return None
         return self._crowd(agent_id, window)
 
+    @staticmethod
+    def _carried(closed: _WindowCounts, forgiven: Mapping[MarkType, int]) -> _WindowCounts:
+        """The closed window as the next one's ``previous``, minus what a reset forgave."""
+        counts = {t: n - forgiven.get(t, 0) for t, n in closed.counts.items()}
+        return _WindowCounts({t: n for t, n in counts.items() if n > 0}, closed.start)
+
     def _explain(self, state: _AgentState) -> Anomaly | None:
-        detector = state.detector
-        if not detector.is_ready():
+        if not state.detector.is_ready():
             return None  # P41
+        return self._detector_anomaly(state) or self._straddle(state)
+
+    def _straddle(self, state: _AgentState) -> Anomaly | None:
+        """§9.7 check 1, second half: a burst split across a window boundary (``current +
+        previous > 2 * threshold``) whose current half is under the threshold. It fires when
+        the earlier half was never judged while current (counted through the write hook
+        with no check in its window, or before the detector was ready): two judged halves
+        are each <= threshold. Needs the detector's per-type ``threshold`` (WelfordDetector
+        has one); a current window without the type cannot straddle."""
+        threshold = getattr(state.detector, "threshold", None)
+        if not self.config.straddle_check or not callable(threshold):
+            return None
+        current, previous = state.current.counts, state.previous.counts
+        for mark_type in _ordered(self.config.tracked_types):
+            count = current.get(mark_type, 0)
+            if count == 0:
+                continue
+            limit = 2 * threshold(mark_type)
+            both = count + previous.get(mark_type, 0)
+            if limit > 0 and both > limit:
+                return Anomaly(
+                    kind=AnomalyKind.BURST, mark_type=mark_type, observed=both, threshold=limit
+                )
+        return None
+
+    def _detector_anomaly(self, state: _AgentState) -> Anomaly | None:
+        """What the detector itself finds in the current window (rate, type shift)."""
+        detector = state.detector
         counts = dict(state.current.counts)
         explain = getattr(detector, "explain", None)
         if callable(explain):
@@ -1038,6 +1097,7 @@ class StatisticalEnvelope:
             )
         stats = AgentStats(
             current_window=_WindowCounts(dict(state.current.counts), state.current.start),
+            previous_window=_WindowCounts(dict(state.previous.counts), state.previous.start),
             restricted=restricted,
         )
         diagnostics = getattr(detector, "diagnostic_stats", None)
