@@ -30,6 +30,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict
 
 from agentpost.marks.core import MarkspaceError, MarkType
+from agentpost.marks.core import scope_contains as scope_contains
 from agentpost.marks.core import scope_covers as _hierarchy_covers
 
 WILDCARD = "*"

@@ -26,6 +26,8 @@ from agentpost.marks.core import (
     WatchPattern,
     scope_covers,
 )
+from agentpost.marks.core import MarkType as MarkType
+from agentpost.marks.core import scope_contains as scope_contains
 
 
 def pattern_matches(pattern: WatchPattern, mark: Mark) -> bool:

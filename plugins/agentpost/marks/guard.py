@@ -122,6 +122,7 @@ from agentpost.marks.budget import (
     BudgetUsage,
     TokenBudget,
 )
+from agentpost.marks.budget import BudgetTracker as BudgetTracker
 from agentpost.marks.budget import truncate_to_budget as _truncate
 from agentpost.marks.core import (
     Action,
@@ -147,9 +148,17 @@ from agentpost.marks.core import (
     revalidate,
     winning_intent,
 )
+from agentpost.marks.core import AnyMark as AnyMark
+from agentpost.marks.core import QuotaExceededError as QuotaExceededError
+from agentpost.marks.core import ScopeError as ScopeError
+from agentpost.marks.core import ValidationError as ValidationError
+from agentpost.marks.core import hours as hours
+from agentpost.marks.core import resolve_conflict as resolve_conflict
 from agentpost.marks.envelope import EnvelopeVerdict, Finding, StatisticalEnvelope
 from agentpost.marks.keys import KeyRecord, UnsettledCall, check_key, check_same
 from agentpost.marks.rate_limit import RateDecision, RateLimiter
+from agentpost.marks.rate_limit import RateLimitTracker as RateLimitTracker
+from agentpost.marks.space import MarkSpace as MarkSpace
 from agentpost.marks.telemetry import (
     ACTIVE_MARKS,
     BUDGET_REMAINING,
@@ -172,6 +181,7 @@ from agentpost.marks.telemetry import (
     NullSink,
     TelemetrySink,
 )
+from agentpost.marks.telemetry import TelemetryEvent as TelemetryEvent
 
 if TYPE_CHECKING:
     from agentpost.marks.core import AnyMark

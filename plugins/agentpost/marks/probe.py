@@ -50,6 +50,7 @@ from agentpost.marks.core import (
     Warning,
     scope_covers,
 )
+from agentpost.marks.space import MarkSpace as MarkSpace
 
 DEFAULT_SCOPE = "diagnostics"
 CANARY_TOPIC = "probe-canary"

@@ -119,8 +119,15 @@ from agentpost.marks.core import (
     trust_weight,
     visible_to,
 )
+from agentpost.marks.core import ConflictPolicy as ConflictPolicy
 from agentpost.marks.core import ScopeError as ScopeError  # the package's names, from here too
 from agentpost.marks.core import ValidationError as ValidationError
+from agentpost.marks.core import effective_strength as effective_strength
+from agentpost.marks.core import (
+    effective_strength_with_warnings as effective_strength_with_warnings,
+)
+from agentpost.marks.core import reinforce as reinforce
+from agentpost.marks.core import scope_contains as scope_contains
 from agentpost.marks.keys import KeyInUse, KeyRecord, check_key, check_same
 
 log = logging.getLogger(__name__)
