@@ -1714,8 +1714,10 @@ class Guard:
     def _read(
         self, scope: str, *, resource: str | None = None, mark_type: MarkType | None = None
     ) -> list[Any]:
-        marks = self.space.read(scope, resource=resource, mark_type=mark_type, min_strength=ACTIVE)
-        return [mark for mark in marks if mark.scope == scope]
+        """The active marks of exactly `scope`: the guard decides per (scope, resource), so
+        its checks read one scope (`nested=False`), not the hierarchy `read` returns."""
+        return self.space.read(scope, resource=resource, mark_type=mark_type,
+                               min_strength=ACTIVE, nested=False)
 
     def _board(self, scope: str, resource: str) -> _Board:
         """The active intents on (scope, resource) and the actions holding it. Actions come

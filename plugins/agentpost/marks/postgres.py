@@ -116,6 +116,7 @@ from agentpost.marks.space import (
     fit_tokens,
     grace_arg,
     mark_type_arg,
+    min_strength_arg,
     resolved_copy,
 )
 from agentpost.protocol.errors import ConfigurationError, StoreError
@@ -488,12 +489,18 @@ class PostgresMarkSpace(SpaceBase):
         min_strength: float = DEFAULT_MIN_STRENGTH,
         reader: Agent | None = None,
         max_tokens: int | None = None,
+        *,
+        nested: bool = True,
     ) -> list[AnyMark]:
-        """Marks of `scope` matching the filters whose effective strength (decay, trust,
-        supersession, warnings; at now, computed in SQL) is > 0 and >= `min_strength`,
-        strongest first (ties: created_at, id), cut to `max_tokens` (`space.fit_tokens`).
-        `reader` None is infrastructure and sees full marks; an Agent sees what the scope's
-        visibility allows it (§7.4). One statement, and it writes nothing (P28)."""
+        """Marks of `scope` and its nested scopes (only `scope` with `nested=False`)
+        matching the filters whose effective strength (decay, trust, supersession, warnings;
+        at now, computed in SQL) is >= `min_strength` (never superseded ones), strongest
+        first (ties: created_at, id), cut to `max_tokens` (`space.fit_tokens`). `reader`
+        None is infrastructure and sees full marks; an Agent sees what the read scope's
+        visibility allows it, for every mark returned, as in the package (§7.4). Each mark
+        decays with its own stored DecayConfig (the package: the read scope's). One
+        statement (sql/0067: the exact scope, then a C-collation range over its nested
+        scopes, both index scans), and it writes nothing (P28)."""
         fit_tokens([], max_tokens)  # a bad budget is refused before the query
         kind = mark_type_arg(mark_type)
         if reader is not None and not isinstance(reader, Agent):
@@ -516,7 +523,7 @@ class PostgresMarkSpace(SpaceBase):
                     return []
         now = self.now()
         rows = self._rows(
-            "read",
+            "read_tree" if nested else "read",
             {
                 **params,
                 "scope": scope,
@@ -553,7 +560,10 @@ class PostgresMarkSpace(SpaceBase):
     def _prune(now: float, kind: MarkType | None, by_resource: bool, threshold: float) -> float:
         """The fades_at bound a read may give the index: now when no mark that fades before
         now can qualify (step-strength marks, which are all a resource can hold, or a
-        threshold at or above FADE_FLOOR), else -Infinity (no pruning)."""
+        threshold at or above FADE_FLOOR), else -Infinity (no pruning). A threshold <= 0
+        asks for marks at strength 0 too: no pruning."""
+        if threshold <= 0.0:
+            return -_INF
         if by_resource or kind in _STEP_TYPES or threshold >= FADE_FLOOR:
             return now
         return -_INF
@@ -894,10 +904,4 @@ PostgresMarkSpace.__init__.__signature__ = inspect.signature(  # type: ignore[at
 # --------------------------------------------------------------------------- arguments
 
 
-def _threshold(min_strength: object) -> float:
-    if isinstance(min_strength, bool) or not isinstance(min_strength, int | float):
-        raise InvalidArgument(f"min_strength must be a number, not {min_strength!r}")
-    value = float(min_strength)
-    if math.isnan(value):
-        raise InvalidArgument("min_strength must be a number, not NaN")
-    return value
+_threshold = min_strength_arg

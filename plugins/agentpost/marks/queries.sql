@@ -16,9 +16,15 @@ SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes,
  WHERE id = %(id)s AND space = %(space)s
 
 -- name: read
--- §8.2: one scope (exact), optional filters, strength > 0 and >= min_strength.
+-- §8.2 on one scope (exact: read(nested=False), the guard's view), optional filters,
+-- strength >= min_strength, never superseded.
 SELECT * FROM agentpost.mark_read(%(space)s, %(scope)s, %(resource)s, %(topic)s,
                                   %(mark_type)s, %(min_strength)s, %(now)s, %(prune)s)
+
+-- name: read_tree
+-- §8.2 as the package reads: the scope and every scope nested under it (sql/0067).
+SELECT * FROM agentpost.mark_read_tree(%(space)s, %(scope)s, %(resource)s, %(topic)s,
+                                       %(mark_type)s, %(min_strength)s, %(now)s, %(prune)s)
 
 -- name: active_marks
 SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes, resource,

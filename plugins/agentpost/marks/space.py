@@ -16,13 +16,20 @@ strength O(1) plus the number of live warnings on the mark.
 
 Readings chosen where the spec leaves room (also in docs/design.md):
 
-- `read(scope, ...)` reads that exact scope; marks of child scopes are not included (§13.1
-  calls hierarchical matching out for watch patterns only). The package's read includes
-  child scopes; `get_intents` and `check_conflict` do here too, as in the package.
-  Visibility and decay come from the nearest defined scope (P26). A scope with no defined
-  ancestor raises `UnknownScope`.
-- `read` never returns a mark of effective strength 0 (superseded, resolved, expired, fully
-  invalidated), whatever `min_strength`; otherwise it returns strength >= min_strength.
+- `read(scope, ...)` is hierarchical, as the package's: it returns the marks of `scope` and
+  of every scope nested under it ("research" reads "research/a" and "research/a/b", never
+  "research2"), as do `get_intents` and `check_conflict`. Visibility and projection follow
+  the READ scope's definition (its own or its nearest defined ancestor's, P26) and the
+  reader's authorization for the read scope, for every mark returned, as in the package.
+  `read(..., nested=False)` (ours, keyword-only) reads the exact scope: the guard's checks
+  on one (scope, resource) and `read_with_claims` use it. A scope with no defined ancestor
+  raises `UnknownScope`.
+- Strength: each mark decays with the DecayConfig it was written under (its governing
+  scope's, stored with it). The package decays a child scope's marks with the read scope's
+  config instead; we keep the mark's own, so a mark has one strength whatever scope reads it.
+- `read` returns marks with strength >= `min_strength`. With `min_strength <= 0` that
+  includes marks at strength 0 (expired intents, resolved need copies, fully invalidated
+  marks), as the package does; superseded marks are never returned.
 - Each mark keeps the DecayConfig of the scope it was written under (the Postgres backend
   stores it in the row), so re-registering a scope affects later marks only.
 - `created_at = max(clock(), last created_at)`: monotonic even if the clock steps back (P32).
@@ -172,6 +179,8 @@ class MarkSpaceProtocol(Protocol):
         min_strength: float = DEFAULT_MIN_STRENGTH,
         reader: Agent | None = None,
         max_tokens: int | None = None,
+        *,
+        nested: bool = True,
     ) -> list[AnyMark]: ...
     def get_intents(self, scope: str, resource: str) -> list[Intent]: ...
     def check_conflict(self, scope: str, resource: str) -> uuid.UUID | None: ...
@@ -365,6 +374,16 @@ def collectable(mark: Mark, decay: DecayConfig, now: float, grace_period: float)
     return age >= faded + grace_period
 
 
+def min_strength_arg(min_strength: object) -> float:
+    """`read`'s threshold: any number but NaN (<= 0 also returns marks at strength 0)."""
+    if isinstance(min_strength, bool) or not isinstance(min_strength, int | float):
+        raise InvalidArgument(f"min_strength must be a number, not {min_strength!r}")
+    value = float(min_strength)
+    if math.isnan(value):
+        raise InvalidArgument("min_strength must be a number, not NaN")
+    return value
+
+
 def grace_arg(grace_period: object) -> float:
     if isinstance(grace_period, bool) or not isinstance(grace_period, int | float):
         raise InvalidArgument(f"grace_period must be a number, not {grace_period!r}")
@@ -538,9 +557,10 @@ class SpaceBase(ABC):
     def read_with_claims(
         self, scope: str, resource: str, min_strength: float = DEFAULT_MIN_STRENGTH
     ) -> tuple[list[Mark], list[Action]]:
-        """What the guard looks at on one resource: `read(scope, resource=...)` for full
-        marks and `claims(scope, resource)`, together (one round trip on Postgres)."""
-        return (self.read(scope, resource=resource, min_strength=min_strength),
+        """What the guard looks at on one resource: `read(scope, resource=...,
+        nested=False)` for full marks of that exact scope and `claims(scope, resource)`,
+        together (one round trip on Postgres)."""
+        return (self.read(scope, resource=resource, min_strength=min_strength, nested=False),
                 self.claims(scope, resource))
 
     @abstractmethod
@@ -551,8 +571,9 @@ class SpaceBase(ABC):
     def read(self, scope: str, resource: str | None = None, topic: str | None = None,
              mark_type: MarkType | None = None,
              min_strength: float = DEFAULT_MIN_STRENGTH,
-             reader: Agent | None = None, max_tokens: int | None = None) -> list[AnyMark]:
-        """§8.2's read."""
+             reader: Agent | None = None, max_tokens: int | None = None, *,
+             nested: bool = True) -> list[AnyMark]:
+        """§8.2's read, hierarchical as the package's (`nested=False`: the exact scope)."""
 
     def get_mark(self, mark_id: uuid.UUID) -> AnyMark | None:
         """The stored mark with this id, or None (the package's name for `get`)."""
@@ -762,8 +783,7 @@ class MarkSpace(SpaceBase):
             self._retire(stored.supersedes)
         if isinstance(stored, Warning) and stored.invalidates is not None:
             self._warnings_on.setdefault(stored.invalidates, []).append(stored)
-        if not (isinstance(stored, Need) and stored.resolved_by is not None):
-            self._index(stored, decay)  # a resolved need is at strength 0 for good
+        self._index(stored, decay)  # resolved needs too: read(min_strength=0) returns them
         self._enqueue(stored)
         return stored
 
@@ -806,13 +826,19 @@ class MarkSpace(SpaceBase):
         min_strength: float = DEFAULT_MIN_STRENGTH,
         reader: Agent | None = None,
         max_tokens: int | None = None,
+        *,
+        nested: bool = True,
     ) -> list[AnyMark]:
-        """Marks of `scope` matching the filters whose effective strength (decay, trust,
-        supersession, warnings; at now) is > 0 and >= `min_strength`, strongest first
-        (ties: created_at, id), cut to `max_tokens` (see `fit_tokens`). `reader` None is
-        infrastructure and sees full marks; an Agent sees what the scope's visibility
-        allows it (§7.4). No side effects (P28)."""
+        """Marks of `scope` and its nested scopes (only `scope` with `nested=False`)
+        matching the filters whose effective strength (decay, trust, supersession, warnings;
+        at now) is >= `min_strength` (never superseded ones), strongest first (ties:
+        created_at, id), cut to `max_tokens` (see `fit_tokens`). `reader` None is
+        infrastructure and sees full marks; an Agent sees what the read scope's visibility
+        allows it, for every mark returned, as in the package (§7.4). No side effects
+        (P28). Each mark decays with its own stored DecayConfig (the package: the read
+        scope's)."""
         kind = mark_type_arg(mark_type)
+        threshold = min_strength_arg(min_strength)
         if reader is not None and not isinstance(reader, Agent):
             raise InvalidArgument(f"reader must be an Agent or None, not {type(reader).__name__}")
         with self._lock:
@@ -820,14 +846,22 @@ class MarkSpace(SpaceBase):
             if self._hidden(definition, scope, reader):
                 return []
             now = self.now()
+            names = self._covered(scope) if nested else (scope,)
             scored = [
                 (mark, strength)
-                for mark in self._candidates(scope, resource, topic, kind, now, min_strength)
-                if (strength := self._strength(mark, now)) > 0.0 and strength >= min_strength
+                for name in names
+                for mark in self._candidates(name, resource, topic, kind, now, threshold)
+                if (strength := self._strength(mark, now)) >= threshold
+                and (strength > 0.0 or mark.id not in self._superseded_by)
             ]
         scored.sort(key=lambda pair: read_order_key(pair[0], pair[1]))
         return fit_tokens(visible_to([m for m, _ in scored], definition, scope, reader),
                           max_tokens)
+
+    def _covered(self, scope: str) -> list[str]:
+        """The scopes holding marks that a hierarchical read of `scope` reads: `scope` and
+        the ones nested under it (a pass over the scope names, as the package does)."""
+        return [name for name in self._scope_names if scope_covers(scope, name)]
 
     @staticmethod
     def _hidden(definition: Scope, scope: str, reader: Agent | None) -> bool:
@@ -846,7 +880,8 @@ class MarkSpace(SpaceBase):
         now: float,
         threshold: float,
     ) -> Iterator[Mark]:
-        """Marks that may match, from the narrowest bucket(s); exact filters applied here."""
+        """Marks of one scope that may match, from the narrowest bucket(s); exact filters
+        applied here. A threshold <= 0 takes whole buckets: marks at strength 0 count."""
         if resource is not None:
             kinds, key = (MarkType.INTENT, MarkType.ACTION), resource
         elif topic is not None:
@@ -859,7 +894,7 @@ class MarkSpace(SpaceBase):
             bucket = self._buckets.get((scope, each, key))
             if bucket is None:
                 continue
-            for mark in bucket.live(now, threshold):
+            for mark in bucket.marks if threshold <= 0.0 else bucket.live(now, threshold):
                 if resource is not None and topic is not None and mark_topic(mark) != topic:
                     continue
                 yield mark
@@ -1032,9 +1067,7 @@ class MarkSpace(SpaceBase):
                 self._live[mark.agent_id] = self._live.get(mark.agent_id, 0) + 1
             if isinstance(mark, Warning) and mark.invalidates is not None:
                 self._warnings_on.setdefault(mark.invalidates, []).append(mark)
-            if mark.id not in self._superseded_by and not (
-                isinstance(mark, Need) and mark.resolved_by is not None
-            ):
+            if mark.id not in self._superseded_by:
                 self._index(mark, self._decay[mark.id])
 
     def aggregate_needs(self) -> list[NeedCluster]:

@@ -1,0 +1,112 @@
+"""`read(scope)` is hierarchical on both backends, as the markspace package's read (§7.5,
+§8.2, P23, P26): the marks of the scope and of every scope nested under it, never of a
+sibling whose name merely starts the same ("research2"), with the filters, supersession,
+warnings, min_strength, ordering and max_tokens of any read, and the READ scope's
+visibility for every mark returned. `nested=False` reads the exact scope (the guard's view).
+
+Cheap on purpose: one space per backend, a fixed clock, a dozen writes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agentpost.marks.core import (
+    Action,
+    Agent,
+    DecayConfig,
+    Intent,
+    MarkType,
+    Observation,
+    Scope,
+    ScopeVisibility,
+    Warning,
+)
+from marks_backends import BACKENDS, T0, factory_for
+
+DECAY = DecayConfig(observation_half_life=60.0, warning_half_life=60.0, intent_ttl=100.0)
+SCOPES = [
+    Scope(name="research", decay=DECAY),
+    Scope(name="research2", decay=DECAY),
+    Scope(name="hr", decay=DECAY, visibility=ScopeVisibility.PROTECTED),
+    Scope(name="legal", decay=DECAY, visibility=ScopeVisibility.CLASSIFIED),
+]
+ALL = [t.value for t in MarkType]
+WRITER = Agent(name="writer", scopes={s.name: ALL for s in SCOPES})
+STRANGER = Agent(name="stranger", scopes={})
+HR_READER = Agent(name="hr-reader", scopes={}, read_scopes=("hr",))
+CASE_READER = Agent(name="case-reader", scopes={}, read_scopes=("legal/case",))
+
+
+@pytest.fixture(params=BACKENDS)
+def space(request: pytest.FixtureRequest):
+    factory = factory_for(request, request.param)
+    yield factory(SCOPES, T0)
+    factory.close_all()
+
+
+def _obs(scope: str, topic: str, strength: float, **fields) -> Observation:
+    return Observation(scope=scope, topic=topic, content={"at": scope},
+                       initial_strength=strength, confidence=1.0, **fields)
+
+
+def _ids(marks) -> list:
+    return [m.id for m in marks]
+
+
+def test_read_includes_nested_scopes_not_siblings_with_filters_p23(space) -> None:
+    """P23/§7.5: read("research") returns research, research/a and research/a/b marks,
+    strongest first; never research2's. Topic, resource and mark_type filters, supersession,
+    warnings and max_tokens apply across the tree; read("research/a") leaves the parent
+    out; nested=False reads the one scope."""
+    w = WRITER
+    top = space.write(w, _obs("research", "t", 0.9))
+    warned = space.write(w, _obs("research/a", "t", 0.5))
+    space.write(w, Warning(scope="research/a", topic="w", invalidates=warned,
+                           initial_strength=1.0))
+    other_topic = space.write(w, _obs("research/a", "u", 0.8))
+    old = space.write(w, _obs("research/a/b", "t", 0.7))
+    deep = space.write(w, _obs("research/a/b", "t", 0.6, supersedes=old))
+    space.write(w, _obs("research2", "t", 1.0))
+    intent = space.write(w, Intent(scope="research", resource="r", action="book",
+                                   confidence=0.9))
+    action = space.write(w, Action(scope="research/a", resource="r", action="did"))
+
+    assert _ids(space.read("research", topic="t")) == [top, deep]
+    assert _ids(space.read("research/a", topic="t")) == [deep]
+    assert _ids(space.read("research", topic="t", nested=False)) == [top]
+    assert set(_ids(space.read("research", resource="r"))) == {intent, action}
+    assert _ids(space.read("research", resource="r", mark_type=MarkType.ACTION)) == [action]
+    assert _ids(space.read("research", mark_type=MarkType.OBSERVATION, min_strength=0.75)) == [
+        top, other_topic]
+    everything = space.read("research")
+    assert {m.scope for m in everything} == {"research", "research/a", "research/a/b"}
+    strengths = [space.strength_of(m) for m in everything]
+    assert strengths == sorted(strengths, reverse=True) and all(s > 0 for s in strengths)
+    assert _ids(space.read("research", max_tokens=1)) == []
+    first = space.read("research", max_tokens=len(str(everything[0].model_dump())) // 4)
+    assert _ids(first) == [everything[0].id]
+    # min_strength 0: the package's rule, strength-0 marks too (the warned one), never the
+    # superseded one
+    zero = _ids(space.read("research", topic="t", min_strength=0.0))
+    assert warned in zero and old not in zero and set(zero) == {top, deep, warned}
+
+
+def test_nested_read_takes_the_read_scopes_visibility_p21_p22(space) -> None:
+    """P21/P22/P26 as the package applies them to a hierarchical read: the READ scope's
+    visibility and the reader's authorization for the read scope decide, for every mark of
+    the tree: projected for a stranger under PROTECTED "hr", full for a reader of "hr",
+    nothing under CLASSIFIED "legal" unless the reader may read "legal" itself."""
+    pay = space.write(WRITER, _obs("hr/pay", "salary", 0.9))
+    case = space.write(WRITER, _obs("legal/case", "x", 0.9))
+
+    projected = space.read("hr", reader=STRANGER)
+    assert _ids(projected) == [pay] and projected[0].projected
+    assert projected[0].content is None
+    full = space.read("hr", reader=HR_READER)
+    assert _ids(full) == [pay] and not full[0].projected
+    assert full[0].content == {"at": "hr/pay"}
+    assert space.read("legal", reader=STRANGER) == []
+    assert space.read("legal", reader=CASE_READER) == []  # authorized below, not for "legal"
+    assert _ids(space.read("legal/case", reader=CASE_READER)) == [case]
+    assert _ids(space.read("legal")) == [case]  # infrastructure sees everything
