@@ -7,10 +7,6 @@
 -- follows '/' in C order, and nothing else does. The indexes below compare scope in the "C"
 -- collation whatever the database's, so the range is byte order; a scope without nested
 -- marks costs one empty index probe.
---
--- And read(min_strength <= 0) returns marks at strength 0 (expired intents, resolved need
--- copies, marks warnings brought to 0) as the package does; superseded marks never. With
--- min_strength > 0 the strength test is the same as before (strength >= min > 0).
 
 -- nested reads by resource, by topic, and of whole scopes (optionally by mark type)
 CREATE INDEX marks_tree_resource ON agentpost.marks (space, resource, (scope COLLATE "C"), fades_at)
@@ -18,68 +14,6 @@ CREATE INDEX marks_tree_resource ON agentpost.marks (space, resource, (scope COL
 CREATE INDEX marks_tree_topic ON agentpost.marks (space, topic, (scope COLLATE "C"), fades_at)
     WHERE topic IS NOT NULL;
 CREATE INDEX marks_tree ON agentpost.marks (space, (scope COLLATE "C"), mark_type, fades_at);
-
-CREATE OR REPLACE FUNCTION agentpost.mark_read(p_space text, p_scope text, p_resource text, p_topic text,
-                                    p_mark_type text, p_min float8, p_now float8,
-                                    p_prune float8)
-RETURNS TABLE (id uuid, mark_type text, agent_id uuid, scope text, created_at float8,
-               initial_strength float8, supersedes uuid, resource text, action text,
-               topic text, confidence float8, source text, invalidates uuid, severity text,
-               priority float8, blocking boolean, resolved_by uuid, failed boolean, body json,
-               strength float8)
-LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    IF p_resource IS NOT NULL THEN
-        RETURN QUERY
-        SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
-               m.supersedes, m.resource, m.action, m.topic, m.confidence, m.source,
-               m.invalidates, m.severity, m.priority, m.blocking, m.resolved_by, m.failed,
-               m.body, m.strength
-          FROM agentpost.marks_at(p_space, p_now) m
-         WHERE ARRAY[m.scope, m.resource] = ARRAY[p_scope, p_resource]
-           AND m.resource IS NOT NULL AND m.fades_at >= p_prune
-           AND (p_topic IS NULL OR m.topic = p_topic)
-           AND (p_mark_type IS NULL OR m.mark_type = p_mark_type)
-           AND m.strength >= p_min
-           AND (m.strength > 0 OR NOT EXISTS (SELECT 1 FROM agentpost.marks x
-                                               WHERE x.space = p_space AND x.supersedes = m.id));
-    ELSIF p_topic IS NOT NULL THEN
-        RETURN QUERY
-        SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
-               m.supersedes, m.resource, m.action, m.topic, m.confidence, m.source,
-               m.invalidates, m.severity, m.priority, m.blocking, m.resolved_by, m.failed,
-               m.body, m.strength
-          FROM agentpost.marks_at(p_space, p_now) m
-         WHERE ARRAY[m.scope, m.topic] = ARRAY[p_scope, p_topic]
-           AND m.topic IS NOT NULL AND m.fades_at >= p_prune
-           AND (p_mark_type IS NULL OR m.mark_type = p_mark_type)
-           AND m.strength >= p_min
-           AND (m.strength > 0 OR NOT EXISTS (SELECT 1 FROM agentpost.marks x
-                                               WHERE x.space = p_space AND x.supersedes = m.id));
-    ELSIF p_mark_type IS NOT NULL THEN
-        RETURN QUERY
-        SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
-               m.supersedes, m.resource, m.action, m.topic, m.confidence, m.source,
-               m.invalidates, m.severity, m.priority, m.blocking, m.resolved_by, m.failed,
-               m.body, m.strength
-          FROM agentpost.marks_at(p_space, p_now) m
-         WHERE m.scope = p_scope AND m.mark_type = p_mark_type AND m.fades_at >= p_prune
-           AND m.strength >= p_min
-           AND (m.strength > 0 OR NOT EXISTS (SELECT 1 FROM agentpost.marks x
-                                               WHERE x.space = p_space AND x.supersedes = m.id));
-    ELSE
-        RETURN QUERY
-        SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
-               m.supersedes, m.resource, m.action, m.topic, m.confidence, m.source,
-               m.invalidates, m.severity, m.priority, m.blocking, m.resolved_by, m.failed,
-               m.body, m.strength
-          FROM agentpost.marks_at(p_space, p_now) m
-         WHERE m.scope = p_scope AND m.fades_at >= p_prune
-           AND m.strength >= p_min
-           AND (m.strength > 0 OR NOT EXISTS (SELECT 1 FROM agentpost.marks x
-                                               WHERE x.space = p_space AND x.supersedes = m.id));
-    END IF;
-END $$;
 
 CREATE FUNCTION agentpost.mark_read_tree(p_space text, p_scope text, p_resource text, p_topic text,
                                     p_mark_type text, p_min float8, p_now float8,
@@ -108,9 +42,7 @@ BEGIN
            AND m.fades_at >= p_prune
            AND (p_topic IS NULL OR m.topic = p_topic)
            AND (p_mark_type IS NULL OR m.mark_type = p_mark_type)
-           AND m.strength >= p_min
-           AND (m.strength > 0 OR NOT EXISTS (SELECT 1 FROM agentpost.marks x
-                                               WHERE x.space = p_space AND x.supersedes = m.id));
+           AND m.strength > 0 AND m.strength >= p_min;
     ELSIF p_topic IS NOT NULL THEN
         RETURN QUERY
         SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
@@ -122,9 +54,7 @@ BEGIN
            AND m.scope COLLATE "C" >= lo AND m.scope COLLATE "C" < hi
            AND m.fades_at >= p_prune
            AND (p_mark_type IS NULL OR m.mark_type = p_mark_type)
-           AND m.strength >= p_min
-           AND (m.strength > 0 OR NOT EXISTS (SELECT 1 FROM agentpost.marks x
-                                               WHERE x.space = p_space AND x.supersedes = m.id));
+           AND m.strength > 0 AND m.strength >= p_min;
     ELSE
         RETURN QUERY
         SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
@@ -135,8 +65,6 @@ BEGIN
          WHERE m.scope COLLATE "C" >= lo AND m.scope COLLATE "C" < hi
            AND (p_mark_type IS NULL OR m.mark_type = p_mark_type)
            AND m.fades_at >= p_prune
-           AND m.strength >= p_min
-           AND (m.strength > 0 OR NOT EXISTS (SELECT 1 FROM agentpost.marks x
-                                               WHERE x.space = p_space AND x.supersedes = m.id));
+           AND m.strength > 0 AND m.strength >= p_min;
     END IF;
 END $$;

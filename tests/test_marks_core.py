@@ -464,16 +464,20 @@ def test_hierarchical_write_authorization(space):
 
 
 def test_read_filters_and_order(space, agent):
-    """P27, §8.2: reads filter by resource/topic/type, strongest first, exact scope only."""
+    """P27, §8.2: reads filter by resource/topic/type, strongest first; a read of "ops"
+    includes its nested scope "ops/child" (the package's hierarchical read), nested=False
+    reads "ops" alone."""
     weak = space.write(agent, observation(initial_strength=0.3))
     strong = space.write(agent, observation(initial_strength=0.9))
     space.write(agent, observation(topic="other"))
-    space.write(agent, observation(scope="ops/child"))
+    child = space.write(agent, observation(scope="ops/child", initial_strength=0.6))
     space.write(agent, Intent(scope="ops", resource="r", action="a"))
-    assert [m.id for m in space.read("ops", topic="t")] == [strong, weak]
+    assert [m.id for m in space.read("ops", topic="t")] == [strong, child, weak]
+    assert [m.id for m in space.read("ops", topic="t", nested=False)] == [strong, weak]
     assert [m.mark_type for m in space.read("ops", resource="r")] == [MarkType.INTENT]
-    assert len(space.read("ops", mark_type="observation")) == 3
-    assert len(space.read("ops")) == 4
+    assert len(space.read("ops", mark_type="observation")) == 4
+    assert len(space.read("ops")) == 5
+    assert len(space.read("ops", nested=False)) == 4
     assert len(space.read("ops/child")) == 1
     assert space.read("ops", topic="t", min_strength=0.5)[0].id == strong
 
@@ -587,11 +591,13 @@ def test_old_marks_are_skipped_by_time(space, agent, monkeypatch):
     assert len(space.all_marks()) == 600
 
 
-def _reference_read(space, name, resource, topic, kind, min_strength):
-    """What read must return, by brute force over every mark."""
+def _reference_read(space, name, resource, topic, kind, min_strength, nested=True):
+    """What read must return, by brute force over every mark (the scope and, if `nested`,
+    the scopes under it)."""
     out = []
     for mark in space.all_marks():
-        if mark.scope != name or (kind is not None and mark.mark_type != kind):
+        inside = mark.scope == name or (nested and mark.scope.startswith(name + "/"))
+        if not inside or (kind is not None and mark.mark_type != kind):
             continue
         if resource is not None and getattr(mark, "resource", None) != resource:
             continue
@@ -657,6 +663,8 @@ def test_indexed_reads_match_brute_force():
             ):
                 got = [m.id for m in space.read(*probe)]
                 assert got == _reference_read(space, *probe), probe
+                exact = [m.id for m in space.read(*probe, nested=False)]
+                assert exact == _reference_read(space, *probe, nested=False), probe
 
 
 # ----------------------------------------------------------------- needs

@@ -494,7 +494,7 @@ class PostgresMarkSpace(SpaceBase):
     ) -> list[AnyMark]:
         """Marks of `scope` and its nested scopes (only `scope` with `nested=False`)
         matching the filters whose effective strength (decay, trust, supersession, warnings;
-        at now, computed in SQL) is >= `min_strength` (never superseded ones), strongest
+        at now, computed in SQL) is > 0 and >= `min_strength`, strongest
         first (ties: created_at, id), cut to `max_tokens` (`space.fit_tokens`). `reader`
         None is infrastructure and sees full marks; an Agent sees what the read scope's
         visibility allows it, for every mark returned, as in the package (§7.4). Each mark
@@ -560,10 +560,7 @@ class PostgresMarkSpace(SpaceBase):
     def _prune(now: float, kind: MarkType | None, by_resource: bool, threshold: float) -> float:
         """The fades_at bound a read may give the index: now when no mark that fades before
         now can qualify (step-strength marks, which are all a resource can hold, or a
-        threshold at or above FADE_FLOOR), else -Infinity (no pruning). A threshold <= 0
-        asks for marks at strength 0 too: no pruning."""
-        if threshold <= 0.0:
-            return -_INF
+        threshold at or above FADE_FLOOR), else -Infinity (no pruning)."""
         if by_resource or kind in _STEP_TYPES or threshold >= FADE_FLOOR:
             return now
         return -_INF

@@ -27,9 +27,9 @@ Readings chosen where the spec leaves room (also in docs/design.md):
 - Strength: each mark decays with the DecayConfig it was written under (its governing
   scope's, stored with it). The package decays a child scope's marks with the read scope's
   config instead; we keep the mark's own, so a mark has one strength whatever scope reads it.
-- `read` returns marks with strength >= `min_strength`. With `min_strength <= 0` that
-  includes marks at strength 0 (expired intents, resolved need copies, fully invalidated
-  marks), as the package does; superseded marks are never returned.
+- `read` never returns a mark of effective strength 0 (superseded, resolved, expired, fully
+  invalidated), whatever `min_strength`; otherwise it returns strength >= min_strength.
+  (The package returns strength-0 marks, but not superseded ones, when min_strength <= 0.)
 - Each mark keeps the DecayConfig of the scope it was written under (the Postgres backend
   stores it in the row), so re-registering a scope affects later marks only.
 - `created_at = max(clock(), last created_at)`: monotonic even if the clock steps back (P32).
@@ -375,7 +375,7 @@ def collectable(mark: Mark, decay: DecayConfig, now: float, grace_period: float)
 
 
 def min_strength_arg(min_strength: object) -> float:
-    """`read`'s threshold: any number but NaN (<= 0 also returns marks at strength 0)."""
+    """`read`'s threshold: any number but NaN (marks at strength 0 are never returned)."""
     if isinstance(min_strength, bool) or not isinstance(min_strength, int | float):
         raise InvalidArgument(f"min_strength must be a number, not {min_strength!r}")
     value = float(min_strength)
@@ -783,7 +783,8 @@ class MarkSpace(SpaceBase):
             self._retire(stored.supersedes)
         if isinstance(stored, Warning) and stored.invalidates is not None:
             self._warnings_on.setdefault(stored.invalidates, []).append(stored)
-        self._index(stored, decay)  # resolved needs too: read(min_strength=0) returns them
+        if not (isinstance(stored, Need) and stored.resolved_by is not None):
+            self._index(stored, decay)  # a resolved need is at strength 0 for good
         self._enqueue(stored)
         return stored
 
@@ -831,7 +832,7 @@ class MarkSpace(SpaceBase):
     ) -> list[AnyMark]:
         """Marks of `scope` and its nested scopes (only `scope` with `nested=False`)
         matching the filters whose effective strength (decay, trust, supersession, warnings;
-        at now) is >= `min_strength` (never superseded ones), strongest first (ties:
+        at now) is > 0 and >= `min_strength`, strongest first (ties:
         created_at, id), cut to `max_tokens` (see `fit_tokens`). `reader` None is
         infrastructure and sees full marks; an Agent sees what the read scope's visibility
         allows it, for every mark returned, as in the package (§7.4). No side effects
@@ -851,8 +852,7 @@ class MarkSpace(SpaceBase):
                 (mark, strength)
                 for name in names
                 for mark in self._candidates(name, resource, topic, kind, now, threshold)
-                if (strength := self._strength(mark, now)) >= threshold
-                and (strength > 0.0 or mark.id not in self._superseded_by)
+                if (strength := self._strength(mark, now)) > 0.0 and strength >= threshold
             ]
         scored.sort(key=lambda pair: read_order_key(pair[0], pair[1]))
         return fit_tokens(visible_to([m for m, _ in scored], definition, scope, reader),
@@ -881,7 +881,7 @@ class MarkSpace(SpaceBase):
         threshold: float,
     ) -> Iterator[Mark]:
         """Marks of one scope that may match, from the narrowest bucket(s); exact filters
-        applied here. A threshold <= 0 takes whole buckets: marks at strength 0 count."""
+        applied here."""
         if resource is not None:
             kinds, key = (MarkType.INTENT, MarkType.ACTION), resource
         elif topic is not None:
@@ -894,7 +894,7 @@ class MarkSpace(SpaceBase):
             bucket = self._buckets.get((scope, each, key))
             if bucket is None:
                 continue
-            for mark in bucket.marks if threshold <= 0.0 else bucket.live(now, threshold):
+            for mark in bucket.live(now, threshold):
                 if resource is not None and topic is not None and mark_topic(mark) != topic:
                     continue
                 yield mark
@@ -1067,7 +1067,9 @@ class MarkSpace(SpaceBase):
                 self._live[mark.agent_id] = self._live.get(mark.agent_id, 0) + 1
             if isinstance(mark, Warning) and mark.invalidates is not None:
                 self._warnings_on.setdefault(mark.invalidates, []).append(mark)
-            if mark.id not in self._superseded_by:
+            if mark.id not in self._superseded_by and not (
+                isinstance(mark, Need) and mark.resolved_by is not None
+            ):
                 self._index(mark, self._decay[mark.id])
 
     def aggregate_needs(self) -> list[NeedCluster]:
