@@ -27,9 +27,14 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     lo text := p_scope || '/';
     hi text := p_scope || '0';
+    nested boolean;
 BEGIN
-    RETURN QUERY SELECT * FROM agentpost.mark_read(p_space, p_scope, p_resource, p_topic,
-                                                   p_mark_type, p_min, p_now, p_prune);
+    -- the exact scope as mark_read (sql/0007) reads it, on the same indexes; then, if the
+    -- space holds marks of any scope nested under it (one probe of marks_tree: far cheaper
+    -- than starting the strength query), those scopes, one C-order range of the tree indexes
+    nested := EXISTS (SELECT 1 FROM agentpost.marks x
+                       WHERE x.space = p_space
+                         AND x.scope COLLATE "C" >= lo AND x.scope COLLATE "C" < hi);
     IF p_resource IS NOT NULL THEN
         RETURN QUERY
         SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
@@ -37,12 +42,25 @@ BEGIN
                m.invalidates, m.severity, m.priority, m.blocking, m.resolved_by, m.failed,
                m.body, m.strength
           FROM agentpost.marks_at(p_space, p_now) m
-         WHERE m.resource = p_resource
-           AND m.scope COLLATE "C" >= lo AND m.scope COLLATE "C" < hi
-           AND m.fades_at >= p_prune
+         WHERE ARRAY[m.scope, m.resource] = ARRAY[p_scope, p_resource]
+           AND m.resource IS NOT NULL AND m.fades_at >= p_prune
            AND (p_topic IS NULL OR m.topic = p_topic)
            AND (p_mark_type IS NULL OR m.mark_type = p_mark_type)
            AND m.strength > 0 AND m.strength >= p_min;
+        IF nested THEN
+            RETURN QUERY
+            SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
+                   m.supersedes, m.resource, m.action, m.topic, m.confidence, m.source,
+                   m.invalidates, m.severity, m.priority, m.blocking, m.resolved_by, m.failed,
+                   m.body, m.strength
+              FROM agentpost.marks_at(p_space, p_now) m
+             WHERE m.resource = p_resource
+               AND m.scope COLLATE "C" >= lo AND m.scope COLLATE "C" < hi
+               AND m.fades_at >= p_prune
+               AND (p_topic IS NULL OR m.topic = p_topic)
+               AND (p_mark_type IS NULL OR m.mark_type = p_mark_type)
+               AND m.strength > 0 AND m.strength >= p_min;
+        END IF;
     ELSIF p_topic IS NOT NULL THEN
         RETURN QUERY
         SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
@@ -50,11 +68,43 @@ BEGIN
                m.invalidates, m.severity, m.priority, m.blocking, m.resolved_by, m.failed,
                m.body, m.strength
           FROM agentpost.marks_at(p_space, p_now) m
-         WHERE m.topic = p_topic
-           AND m.scope COLLATE "C" >= lo AND m.scope COLLATE "C" < hi
-           AND m.fades_at >= p_prune
+         WHERE ARRAY[m.scope, m.topic] = ARRAY[p_scope, p_topic]
+           AND m.topic IS NOT NULL AND m.fades_at >= p_prune
            AND (p_mark_type IS NULL OR m.mark_type = p_mark_type)
            AND m.strength > 0 AND m.strength >= p_min;
+        IF nested THEN
+            RETURN QUERY
+            SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
+                   m.supersedes, m.resource, m.action, m.topic, m.confidence, m.source,
+                   m.invalidates, m.severity, m.priority, m.blocking, m.resolved_by, m.failed,
+                   m.body, m.strength
+              FROM agentpost.marks_at(p_space, p_now) m
+             WHERE m.topic = p_topic
+               AND m.scope COLLATE "C" >= lo AND m.scope COLLATE "C" < hi
+               AND m.fades_at >= p_prune
+               AND (p_mark_type IS NULL OR m.mark_type = p_mark_type)
+               AND m.strength > 0 AND m.strength >= p_min;
+        END IF;
+    ELSIF p_mark_type IS NOT NULL THEN
+        RETURN QUERY
+        SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
+               m.supersedes, m.resource, m.action, m.topic, m.confidence, m.source,
+               m.invalidates, m.severity, m.priority, m.blocking, m.resolved_by, m.failed,
+               m.body, m.strength
+          FROM agentpost.marks_at(p_space, p_now) m
+         WHERE m.scope = p_scope AND m.mark_type = p_mark_type AND m.fades_at >= p_prune
+           AND m.strength > 0 AND m.strength >= p_min;
+        IF nested THEN
+            RETURN QUERY
+            SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
+                   m.supersedes, m.resource, m.action, m.topic, m.confidence, m.source,
+                   m.invalidates, m.severity, m.priority, m.blocking, m.resolved_by, m.failed,
+                   m.body, m.strength
+              FROM agentpost.marks_at(p_space, p_now) m
+             WHERE m.scope COLLATE "C" >= lo AND m.scope COLLATE "C" < hi
+               AND m.mark_type = p_mark_type AND m.fades_at >= p_prune
+               AND m.strength > 0 AND m.strength >= p_min;
+        END IF;
     ELSE
         RETURN QUERY
         SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
@@ -62,9 +112,18 @@ BEGIN
                m.invalidates, m.severity, m.priority, m.blocking, m.resolved_by, m.failed,
                m.body, m.strength
           FROM agentpost.marks_at(p_space, p_now) m
-         WHERE m.scope COLLATE "C" >= lo AND m.scope COLLATE "C" < hi
-           AND (p_mark_type IS NULL OR m.mark_type = p_mark_type)
-           AND m.fades_at >= p_prune
+         WHERE m.scope = p_scope AND m.fades_at >= p_prune
            AND m.strength > 0 AND m.strength >= p_min;
+        IF nested THEN
+            RETURN QUERY
+            SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
+                   m.supersedes, m.resource, m.action, m.topic, m.confidence, m.source,
+                   m.invalidates, m.severity, m.priority, m.blocking, m.resolved_by, m.failed,
+                   m.body, m.strength
+              FROM agentpost.marks_at(p_space, p_now) m
+             WHERE m.scope COLLATE "C" >= lo AND m.scope COLLATE "C" < hi
+               AND m.fades_at >= p_prune
+               AND m.strength > 0 AND m.strength >= p_min;
+        END IF;
     END IF;
 END $$;
