@@ -465,7 +465,7 @@ def test_hierarchical_write_authorization(space):
 
 def test_read_filters_and_order(space, agent):
     """P27, §8.2: reads filter by resource/topic/type, strongest first; a read of "ops"
-    includes its nested scope "ops/child" (the package's hierarchical read), nested=False
+    includes its nested scope "ops/child" (the package's hierarchical read), read_exact
     reads "ops" alone."""
     weak = space.write(agent, observation(initial_strength=0.3))
     strong = space.write(agent, observation(initial_strength=0.9))
@@ -473,11 +473,11 @@ def test_read_filters_and_order(space, agent):
     child = space.write(agent, observation(scope="ops/child", initial_strength=0.6))
     space.write(agent, Intent(scope="ops", resource="r", action="a"))
     assert [m.id for m in space.read("ops", topic="t")] == [strong, child, weak]
-    assert [m.id for m in space.read("ops", topic="t", nested=False)] == [strong, weak]
+    assert [m.id for m in space.read_exact("ops", topic="t")] == [strong, weak]
     assert [m.mark_type for m in space.read("ops", resource="r")] == [MarkType.INTENT]
     assert len(space.read("ops", mark_type="observation")) == 4
     assert len(space.read("ops")) == 5
-    assert len(space.read("ops", nested=False)) == 4
+    assert len(space.read_exact("ops")) == 4
     assert len(space.read("ops/child")) == 1
     assert space.read("ops", topic="t", min_strength=0.5)[0].id == strong
 
@@ -663,7 +663,7 @@ def test_indexed_reads_match_brute_force():
             ):
                 got = [m.id for m in space.read(*probe)]
                 assert got == _reference_read(space, *probe), probe
-                exact = [m.id for m in space.read(*probe, nested=False)]
+                exact = [m.id for m in space.read_exact(*probe)]
                 assert exact == _reference_read(space, *probe, nested=False), probe
 
 

@@ -2,7 +2,7 @@
 §8.2, P23, P26): the marks of the scope and of every scope nested under it, never of a
 sibling whose name merely starts the same ("research2"), with the filters, supersession,
 warnings, min_strength, ordering and max_tokens of any read, and the READ scope's
-visibility for every mark returned. `nested=False` reads the exact scope (the guard's view).
+visibility for every mark returned. `read_exact` reads the one scope (the guard's view).
 
 Cheap on purpose: one space per backend, a fixed clock, a dozen writes.
 """
@@ -58,7 +58,7 @@ def test_read_includes_nested_scopes_not_siblings_with_filters_p23(space) -> Non
     """P23/§7.5: read("research") returns research, research/a and research/a/b marks,
     strongest first; never research2's. Topic, resource and mark_type filters, supersession,
     warnings and max_tokens apply across the tree; read("research/a") leaves the parent
-    out; nested=False reads the one scope."""
+    out; read_exact reads the one scope."""
     w = WRITER
     top = space.write(w, _obs("research", "t", 0.9))
     warned = space.write(w, _obs("research/a", "t", 0.5))
@@ -74,7 +74,7 @@ def test_read_includes_nested_scopes_not_siblings_with_filters_p23(space) -> Non
 
     assert _ids(space.read("research", topic="t")) == [top, deep]
     assert _ids(space.read("research/a", topic="t")) == [deep]
-    assert _ids(space.read("research", topic="t", nested=False)) == [top]
+    assert _ids(space.read_exact("research", topic="t")) == [top]
     assert set(_ids(space.read("research", resource="r"))) == {intent, action}
     assert _ids(space.read("research", resource="r", mark_type=MarkType.ACTION)) == [action]
     assert _ids(space.read("research", mark_type=MarkType.OBSERVATION, min_strength=0.75)) == [

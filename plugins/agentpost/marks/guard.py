@@ -1715,9 +1715,9 @@ class Guard:
         self, scope: str, *, resource: str | None = None, mark_type: MarkType | None = None
     ) -> list[Any]:
         """The active marks of exactly `scope`: the guard decides per (scope, resource), so
-        its checks read one scope (`nested=False`), not the hierarchy `read` returns."""
-        return self.space.read(scope, resource=resource, mark_type=mark_type,
-                               min_strength=ACTIVE, nested=False)
+        its checks read one scope (`read_exact`), not the hierarchy `read` returns."""
+        return self.space.read_exact(scope, resource=resource, mark_type=mark_type,
+                                     min_strength=ACTIVE)
 
     def _board(self, scope: str, resource: str) -> _Board:
         """The active intents on (scope, resource) and the actions holding it. Actions come

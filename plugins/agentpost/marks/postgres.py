@@ -480,7 +480,7 @@ class PostgresMarkSpace(SpaceBase):
         rows = self._rows("get", {"id": str(mark_id)})
         return _mark(rows[0]) if rows else None
 
-    def read(
+    def _read(
         self,
         scope: str,
         resource: str | None = None,

@@ -21,8 +21,8 @@ Readings chosen where the spec leaves room (also in docs/design.md):
   "research2"), as do `get_intents` and `check_conflict`. Visibility and projection follow
   the READ scope's definition (its own or its nearest defined ancestor's, P26) and the
   reader's authorization for the read scope, for every mark returned, as in the package.
-  `read(..., nested=False)` (ours, keyword-only) reads the exact scope: the guard's checks
-  on one (scope, resource) and `read_with_claims` use it. A scope with no defined ancestor
+  `read_exact` (ours, same parameters) reads the one scope: the guard's checks on one
+  (scope, resource) and `read_with_claims` use it. A scope with no defined ancestor
   raises `UnknownScope`.
 - Strength: each mark decays with the DecayConfig it was written under (its governing
   scope's, stored with it). The package decays a child scope's marks with the read scope's
@@ -179,8 +179,16 @@ class MarkSpaceProtocol(Protocol):
         min_strength: float = DEFAULT_MIN_STRENGTH,
         reader: Agent | None = None,
         max_tokens: int | None = None,
-        *,
-        nested: bool = True,
+    ) -> list[AnyMark]: ...
+    def read_exact(
+        self,
+        scope: str,
+        resource: str | None = None,
+        topic: str | None = None,
+        mark_type: MarkType | None = None,
+        min_strength: float = DEFAULT_MIN_STRENGTH,
+        reader: Agent | None = None,
+        max_tokens: int | None = None,
     ) -> list[AnyMark]: ...
     def get_intents(self, scope: str, resource: str) -> list[Intent]: ...
     def check_conflict(self, scope: str, resource: str) -> uuid.UUID | None: ...
@@ -557,23 +565,40 @@ class SpaceBase(ABC):
     def read_with_claims(
         self, scope: str, resource: str, min_strength: float = DEFAULT_MIN_STRENGTH
     ) -> tuple[list[Mark], list[Action]]:
-        """What the guard looks at on one resource: `read(scope, resource=...,
-        nested=False)` for full marks of that exact scope and `claims(scope, resource)`,
-        together (one round trip on Postgres)."""
-        return (self.read(scope, resource=resource, min_strength=min_strength, nested=False),
+        """What the guard looks at on one resource: `read_exact(scope, resource=...)` for
+        full marks of that one scope and `claims(scope, resource)`, together (one round trip
+        on Postgres)."""
+        return (self.read_exact(scope, resource=resource, min_strength=min_strength),
                 self.claims(scope, resource))
 
     @abstractmethod
     def claims(self, scope: str, resource: str) -> list[Action]:
         """The actions holding (scope, resource), whatever warnings say (P39)."""
 
-    @abstractmethod
     def read(self, scope: str, resource: str | None = None, topic: str | None = None,
              mark_type: MarkType | None = None,
              min_strength: float = DEFAULT_MIN_STRENGTH,
-             reader: Agent | None = None, max_tokens: int | None = None, *,
-             nested: bool = True) -> list[AnyMark]:
-        """§8.2's read, hierarchical as the package's (`nested=False`: the exact scope)."""
+             reader: Agent | None = None, max_tokens: int | None = None) -> list[AnyMark]:
+        """§8.2's read, hierarchical as the package's: `scope` and the scopes nested
+        under it (see the backend's `_read`)."""
+        return self._read(scope, resource, topic, mark_type, min_strength, reader,
+                          max_tokens, nested=True)
+
+    def read_exact(self, scope: str, resource: str | None = None, topic: str | None = None,
+                   mark_type: MarkType | None = None,
+                   min_strength: float = DEFAULT_MIN_STRENGTH,
+                   reader: Agent | None = None,
+                   max_tokens: int | None = None) -> list[AnyMark]:
+        """`read` of `scope` alone, without its nested scopes: for callers that decide per
+        scope (the guard's checks on one (scope, resource))."""
+        return self._read(scope, resource, topic, mark_type, min_strength, reader,
+                          max_tokens, nested=False)
+
+    @abstractmethod
+    def _read(self, scope: str, resource: str | None, topic: str | None,
+              mark_type: MarkType | None, min_strength: float, reader: Agent | None,
+              max_tokens: int | None, *, nested: bool) -> list[AnyMark]:
+        """`read` (nested) and `read_exact` (not)."""
 
     def get_mark(self, mark_id: uuid.UUID) -> AnyMark | None:
         """The stored mark with this id, or None (the package's name for `get`)."""
@@ -818,7 +843,7 @@ class MarkSpace(SpaceBase):
         with self._lock:
             return self._marks.get(mark_id)
 
-    def read(
+    def _read(
         self,
         scope: str,
         resource: str | None = None,
