@@ -128,29 +128,22 @@ def template_db(pg_server: PostgresServer) -> Iterator[str]:
         drop_database(pg_server.dsn, name)
 
 
-def _database_from_template(server: PostgresServer, template: str) -> Iterator[str]:
-    name = unique_db_name("test")
-    dsn = create_database(server.dsn, name, template=template)
-    try:
-        yield dsn
-    finally:
-        drop_database(server.dsn, name)
-
-
 @pytest.fixture
 def dsn(pg_server: PostgresServer, template_db: str) -> Iterator[str]:
-    yield from _database_from_template(pg_server, template_db)
+    yield from fresh_database(pg_server, "test", template=template_db)
 
 
 @pytest.fixture(scope="module")
 def module_dsn(pg_server: PostgresServer, template_db: str) -> Iterator[str]:
-    yield from _database_from_template(pg_server, template_db)
+    yield from fresh_database(pg_server, "test", template=template_db)
 
 
-def fresh_database(server: PostgresServer, kind: str) -> Iterator[str]:
-    """The DSN of a new, empty database (named after `kind`), dropped afterwards."""
+def fresh_database(server: PostgresServer, kind: str, template: str | None = None
+                   ) -> Iterator[str]:
+    """The DSN of a new database (named after `kind`), empty or a copy of `template`,
+    dropped afterwards."""
     name = unique_db_name(kind)
-    dsn = create_database(server.dsn, name)
+    dsn = create_database(server.dsn, name, template=template)
     try:
         yield dsn
     finally:

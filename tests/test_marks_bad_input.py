@@ -19,6 +19,7 @@ unknown scope.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import uuid
 from collections.abc import Callable, Iterator
@@ -263,7 +264,7 @@ def observable(space: Any) -> dict[str, Any]:
             for name in SCOPE_NAMES
         },
         "projected": [m.model_dump() for m in space.read("hr", reader=Agent(name="nobody"))],
-        "needs": [c.model_dump() for c in space.aggregate_needs()],
+        "needs": [dataclasses.asdict(c) for c in space.aggregate_needs()],
     }
 
 

@@ -51,7 +51,13 @@ from agentpost.marks import (
     validate_pipeline,
 )
 from agentpost.marks import space as space_module
-from agentpost.marks.core import CONTENT_FIELDS, cluster_needs, mark_from_record, revalidate
+from agentpost.marks.core import (
+    CONTENT_FIELDS,
+    REDACTED,
+    cluster_needs,
+    mark_from_record,
+    revalidate,
+)
 
 T0 = 1_700_000_000.0
 DECAY = DecayConfig(observation_half_life=100.0, warning_half_life=50.0, intent_ttl=30.0)
@@ -342,7 +348,7 @@ def test_projection_preserves_structure(mark):
     content = CONTENT_FIELDS[stored.mark_type]
     for name in type(stored).model_fields:
         if name in content:
-            assert getattr(projected, name) == content[name]
+            assert getattr(projected, name) == REDACTED[name]
         elif name != "projected":
             assert getattr(projected, name) == getattr(stored, name)
 
@@ -354,12 +360,12 @@ def test_invalidation_bound_and_recovery(dt):
     target = written(Action(scope="ops", action="did"))
     warning = written(Warning(scope="ops", topic="t", invalidates=target.id), at=T0)
     now = T0 + dt
-    value = effective_strength_with_warnings(target, now, [warning], DECAY)
+    value = effective_strength_with_warnings(target, [warning], now, DECAY)
     assert 0.0 <= value <= 1.0
-    later = effective_strength_with_warnings(target, now + 10, [warning], DECAY)
+    later = effective_strength_with_warnings(target, [warning], now + 10, DECAY)
     assert later >= value
     unrelated = written(Warning(scope="ops", topic="t", invalidates=uuid.uuid4()))
-    assert effective_strength_with_warnings(target, now, [unrelated], DECAY) == 1.0
+    assert effective_strength_with_warnings(target, [unrelated], now, DECAY) == 1.0
 
 
 # ----------------------------------------------------------------- the space: writes
@@ -503,7 +509,7 @@ def test_visibility_levels(space, agent):
     insider = Agent(name="insider", read_scopes=("hr", "legal"))
     assert space.read("ops", reader=stranger)[0].content == {"secret": 1}
     [projected] = space.read("hr/team", reader=stranger)
-    assert projected.projected and projected.content == {} and projected.topic == "t"
+    assert projected.projected and projected.content is None and projected.topic == "t"
     assert space.read("legal", reader=stranger) == []
     for name in ("hr", "hr/team", "legal"):
         assert space.read(name, reader=insider)[0].content == {"secret": 1}
@@ -676,15 +682,21 @@ def test_resolve_need(space, agent):
 
 
 def test_aggregate_needs(space, agent):
-    """§8.4: needs cluster by scope and similar question; priority max + log(n) * 0.1."""
+    """§8.4: needs cluster by scope (as the markspace package: every question of a scope is
+    "similar"); priority max + log(n) * 0.1, at most 1.0; sorted by it, descending."""
     for priority in (0.2, 0.6):
         space.write(agent, Need(scope="ops", question="Which room?", priority=priority))
-    space.write(agent, Need(scope="ops", question="which  ROOM", priority=0.1, blocking=True))
+    space.write(agent, Need(scope="ops", question="Another thing", priority=0.1, blocking=True,
+                            context={"k": 1}))
     space.write(agent, Need(scope="hr", question="Budget?", priority=0.7))
     clusters = space.aggregate_needs()
     assert [c.scope for c in clusters] == ["ops", "hr"]
     assert clusters[0].effective_priority == pytest.approx(0.6 + math.log(3) * 0.1)
-    assert clusters[0].blocking_count == 1 and len(clusters[0].contexts) == 3
+    assert clusters[0].blocking_count == 1
+    assert clusters[0].contexts == [None, None, {"k": 1}]
+    assert [n.priority for n in clusters[0].needs] == [0.2, 0.6, 0.1]  # in write order
+    space.write(agent, Need(scope="hr", question="More?", priority=0.98))
+    assert space.aggregate_needs()[0].effective_priority == 1.0  # capped
     assert cluster_needs([]) == []
 
 
@@ -758,7 +770,7 @@ def test_subscriptions_follow_visibility(space, agent):
     space.write(agent, observation(scope="hr", content={"pay": 1}))
     space.write(agent, observation(scope="legal", content={"case": 1}))
     [delivered] = space.get_watched_marks(stranger)
-    assert delivered.projected and delivered.scope == "hr" and delivered.content == {}
+    assert delivered.projected and delivered.scope == "hr" and delivered.content is None
 
 
 @given(

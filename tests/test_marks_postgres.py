@@ -348,7 +348,7 @@ def test_strength_computed_in_sql_equals_the_core_functions(
         space.set_clock(now)
         stored = space.get(target_id)
         expected = 0.0 if superseded else effective_strength_with_warnings(
-            stored, now, live, decay=decay)
+            stored, live, now, decay_config=decay)
         got = space.strength_of(stored)
         assert math.isclose(got, expected, rel_tol=1e-12, abs_tol=1e-300), (got, expected)
         read = {m.id for m in space.read("cal", mark_type=stored.mark_type, min_strength=0.0)}
@@ -415,7 +415,7 @@ def test_warnings_too_strong_to_add_up_saturate_instead_of_failing(dsn: str) -> 
         assert space.strength_of(stored) == 0.0
         assert space.read("cal", resource="r", min_strength=0.0) == []
         assert effective_strength_with_warnings(
-            stored, T0, space.read("cal", topic="t"), decay=CAL.decay) == 0.0
+            stored, space.read("cal", topic="t"), T0, decay_config=CAL.decay) == 0.0
 
 
 def test_trust_weights_in_sql_are_the_core_weights(module_dsn: str) -> None:

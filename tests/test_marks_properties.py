@@ -99,10 +99,10 @@ COORDINATION = (
 )
 CONTENT = {
     MarkType.INTENT: {},
-    MarkType.ACTION: {"result": {}},
-    MarkType.OBSERVATION: {"content": {}},
+    MarkType.ACTION: {"result": None},
+    MarkType.OBSERVATION: {"content": None},
     MarkType.WARNING: {"reason": ""},
-    MarkType.NEED: {"question": "", "context": {}},
+    MarkType.NEED: {"question": "", "context": None},
 }
 
 

@@ -215,7 +215,7 @@ def test_spec_7_4_visibility_examples(new_space: SpaceFactory) -> None:
     assert seen.content == {"salary": 123456}
     (salary,) = space.read("hr", topic="employee-X", reader=anyone)
     assert (salary.projected, salary.topic, salary.confidence) == (True, "employee-X", 0.95)
-    assert salary.content == {}
+    assert salary.content is None
     assert space.read("hr", topic="employee-X", reader=clerk)[0].content == {"salary": 123456}
     assert space.read("legal", topic="employee-X", reader=anyone) == []
     assert len(space.read("legal", topic="employee-X", reader=clerk)) == 1

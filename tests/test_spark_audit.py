@@ -32,7 +32,7 @@ from agentpost.spark.settings import SparkSettings
 from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
 from agentpost.store.routes import RouteStore
-from conftest import create_database, drop_database, unique_db_name
+from conftest import create_database, drop_database, fresh_database, unique_db_name
 
 KEY = os.environ["AGENTPOST_TRAIL_KEY"]
 REPO = Path(__file__).resolve().parents[1]
@@ -157,12 +157,7 @@ def seeded(pg_server: Any, template_db: str) -> Iterator[Seed]:
 
 
 def _copy(pg_server: Any, seed: Seed) -> Iterator[str]:
-    name = unique_db_name("audit_copy")
-    dsn = create_database(pg_server.dsn, name, template=seed.name)
-    try:
-        yield dsn
-    finally:
-        drop_database(pg_server.dsn, name)
+    yield from fresh_database(pg_server, "audit_copy", template=seed.name)
 
 
 @pytest.fixture

@@ -38,8 +38,10 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Annotated, Any, Literal, NamedTuple
 from uuid import UUID, uuid4
 
@@ -48,9 +50,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
 )
+from pydantic import ValidationError as PydanticValidationError
 
 from agentpost.protocol.errors import AgentpostError
 
@@ -61,23 +63,37 @@ class MarkspaceError(AgentpostError):
     """Base of every error the mark space raises on purpose."""
 
 
-class UnauthorizedWrite(MarkspaceError, PermissionError):
-    """The agent has no write permission for this (scope, mark type) (P19, P23)."""
+class ScopeError(MarkspaceError):
+    """An agent is not authorized for the write (the `markspace` package's name)."""
 
 
-class UnknownScope(MarkspaceError, LookupError):
+class ValidationError(MarkspaceError, ValueError):
+    """A mark or a request fails validation against its scope (the `markspace` package's
+    name). Not pydantic's `ValidationError`: `MarkValidationError` is both."""
+
+
+class QuotaExceededError(MarkspaceError):
+    """An agent already has the space's `max_marks_per_agent` live marks."""
+
+
+class UnauthorizedWrite(ScopeError, PermissionError):
+    """The agent has no write permission for this (scope, mark type) (P19, P23), or claims
+    a higher source than its `max_source` allows."""
+
+
+class UnknownScope(ValidationError, LookupError):
     """No scope with this name, nor any ancestor of it, is registered."""
 
 
-class UnknownMark(MarkspaceError, LookupError):
+class UnknownMark(ValidationError, LookupError):
     """A mark id (for example the need given to `resolve`) is not in the space."""
 
 
-class InvalidMark(MarkspaceError, ValueError):
+class InvalidMark(ValidationError):
     """The mark is malformed, or breaks its scope's rules (verb, topic). Nothing is stored."""
 
 
-class MarkValidationError(InvalidMark, ValidationError):
+class MarkValidationError(InvalidMark, PydanticValidationError):
     """A mark's fields failed validation at construction: both an `InvalidMark` and the
     pydantic `ValidationError` it came from, so either `except` clause catches it."""
 
@@ -235,6 +251,12 @@ MAX_LABEL = 200
 Text = Annotated[str, AfterValidator(check_text)]
 Name = Annotated[str, Field(min_length=1, max_length=MAX_LABEL), AfterValidator(check_text)]
 JsonObject = Annotated[dict[str, Any], AfterValidator(_freeze_object)]
+#: any JSON value, deep-frozen: the content of a mark (the package's `MarkPayload` is `Any`;
+#: ours must be JSON, which the Postgres backend stores)
+JsonValue = Annotated[Any, AfterValidator(freeze_json)]
+#: the type of a mark's payload fields (Action.result, Observation.content, Need.context), the
+#: `markspace` package's name for it
+MarkPayload = Any
 Unit = Annotated[float, Field(ge=0.0, le=1.0)]
 Positive = Annotated[float, Field(gt=0.0)]
 
@@ -263,9 +285,13 @@ def scope_ancestors(name: str) -> list[str]:
     return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
 
 
-def scope_covers(parent: str, scope: str) -> bool:
-    """Whether `parent` is `scope` or one of its ancestors (P23 hierarchy)."""
-    return scope == parent or scope.startswith(parent + "/")
+def scope_contains(parent: str, child: str) -> bool:
+    """Whether `child` is `parent` or nested under it (P23 hierarchy)."""
+    return child == parent or child.startswith(parent + "/")
+
+
+#: our earlier name of `scope_contains`
+scope_covers = scope_contains
 
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -292,11 +318,11 @@ class Mark(BaseModel):
     def __init__(self, /, **data: Any) -> None:
         try:
             super().__init__(**data)
-        except ValidationError as exc:
+        except PydanticValidationError as exc:
             raise as_mark_error(exc) from None
 
 
-def as_mark_error(exc: ValidationError) -> InvalidMark:
+def as_mark_error(exc: PydanticValidationError) -> InvalidMark:
     """Re-raise a pydantic error as our typed `MarkValidationError` (keeps the details)."""
     try:
         return MarkValidationError.from_exception_data(exc.title, exc.errors(include_url=False))
@@ -310,7 +336,7 @@ class Intent(Mark):
     mark_type: Literal[MarkType.INTENT] = MarkType.INTENT
     resource: Name
     action: Name
-    confidence: Unit = 1.0
+    confidence: Unit = 0.5
 
 
 class Action(Mark):
@@ -319,7 +345,7 @@ class Action(Mark):
     mark_type: Literal[MarkType.ACTION] = MarkType.ACTION
     resource: Name | None = None
     action: Name
-    result: JsonObject = Field(default_factory=FrozenDict)
+    result: JsonValue = None
     failed: bool = False
 
 
@@ -328,8 +354,8 @@ class Observation(Mark):
 
     mark_type: Literal[MarkType.OBSERVATION] = MarkType.OBSERVATION
     topic: Name
-    content: JsonObject = Field(default_factory=FrozenDict)
-    confidence: Unit = 1.0
+    content: JsonValue = None
+    confidence: Unit = 0.5
     source: Source = Source.FLEET
 
 
@@ -341,7 +367,7 @@ class Warning(Mark):
     invalidates: UUID | None = None
     topic: Name
     reason: Text = ""
-    severity: Severity = Severity.CAUTION
+    severity: Severity = Severity.INFO
 
 
 class Need(Mark):
@@ -349,10 +375,11 @@ class Need(Mark):
 
     mark_type: Literal[MarkType.NEED] = MarkType.NEED
     question: Text
-    context: JsonObject = Field(default_factory=FrozenDict)
+    context: JsonValue = None
     priority: Unit = 0.5
     blocking: bool = False
     resolved_by: UUID | None = None
+    resolved_by_agent: UUID | None = None
 
 
 AnyMark = Intent | Action | Observation | Warning | Need
@@ -365,14 +392,17 @@ MARK_CLASSES: dict[MarkType, type[Mark]] = {
     MarkType.NEED: Need,
 }
 
-#: content fields redacted by a projected read (§7.4), with their redacted value
-CONTENT_FIELDS: dict[MarkType, dict[str, Any]] = {
-    MarkType.INTENT: {},
-    MarkType.ACTION: {"result": FrozenDict()},
-    MarkType.OBSERVATION: {"content": FrozenDict()},
-    MarkType.WARNING: {"reason": ""},
-    MarkType.NEED: {"question": "", "context": FrozenDict()},
+#: the content fields of each mark type, which a projected read redacts (§7.4)
+CONTENT_FIELDS: dict[MarkType, tuple[str, ...]] = {
+    MarkType.INTENT: (),
+    MarkType.ACTION: ("result",),
+    MarkType.OBSERVATION: ("content",),
+    MarkType.WARNING: ("reason",),
+    MarkType.NEED: ("question", "context"),
 }
+#: what a projected read leaves in each content field
+REDACTED: dict[str, Any] = {"result": None, "content": None, "reason": "", "question": "",
+                            "context": None}
 
 
 def json_bytes(value: Any) -> int:
@@ -416,7 +446,7 @@ def revalidate(mark: object) -> Mark:
         raise InvalidMark(f"expected one of the five mark types, got {type(mark).__name__}")
     try:
         return type(mark).model_validate(dict(mark.__dict__))
-    except ValidationError as exc:
+    except PydanticValidationError as exc:
         raise as_mark_error(exc) from None
     except (TypeError, ValueError) as exc:
         raise InvalidMark(str(exc)) from None
@@ -437,6 +467,11 @@ class DecayConfig(BaseModel):
     intent_ttl: Positive = minutes(30)
 
 
+#: the decay of a Scope built without one (the `markspace` package's default)
+SCOPE_DECAY = DecayConfig(observation_half_life=hours(6), warning_half_life=hours(2),
+                          intent_ttl=minutes(30))
+
+
 class ScopeRateLimit(BaseModel):
     """Per-agent and fleet-wide write caps per window (§9.12); None means no cap."""
 
@@ -444,11 +479,15 @@ class ScopeRateLimit(BaseModel):
 
     max_writes_per_agent_per_window: Annotated[int, Field(ge=0)] | None = None
     max_total_writes_per_window: Annotated[int, Field(ge=0)] | None = None
-    window_seconds: Positive = 60.0
+    window_seconds: Positive = 300.0
+
+
+def _names(allowed: tuple[str, ...], value: str) -> bool:
+    return value in allowed or "*" in allowed
 
 
 def _allows(allowed: tuple[str, ...], value: str) -> bool:
-    return not allowed or "*" in allowed or value in allowed
+    return not allowed or _names(allowed, value)
 
 
 class Scope(BaseModel):
@@ -462,16 +501,19 @@ class Scope(BaseModel):
     allowed_action_verbs: tuple[Name, ...] = ()
     observation_topics: tuple[Name, ...] = ("*",)
     warning_topics: tuple[Name, ...] = ("*",)
-    decay: DecayConfig = Field(default_factory=DecayConfig)
+    decay: DecayConfig = Field(default_factory=lambda: SCOPE_DECAY)
     conflict_policy: ConflictPolicy = ConflictPolicy.HIGHEST_CONFIDENCE
     deferred: bool = False
     rate_limit: ScopeRateLimit | None = None
 
-    def allows_intent_verb(self, verb: str) -> bool:
-        return _allows(self.allowed_intent_verbs, verb)
+    def allows_intent_verb(self, action: str) -> bool:
+        """Whether the verb list names `action` (or `"*"`). An empty list names nothing;
+        the space treats it as "unrestricted" (`check_scope_rules`)."""
+        return _names(self.allowed_intent_verbs, action)
 
-    def allows_action_verb(self, verb: str) -> bool:
-        return _allows(self.allowed_action_verbs, verb)
+    def allows_action_verb(self, action: str) -> bool:
+        """As `allows_intent_verb`, for action verbs."""
+        return _names(self.allowed_action_verbs, action)
 
     def allows_observation_topic(self, topic: str) -> bool:
         return _allows(self.observation_topics, topic)
@@ -546,13 +588,21 @@ class AgentManifest(BaseModel):
     inputs: tuple[WatchPattern, ...] = ()
     outputs: tuple[ManifestOutput, ...] = ()
     schedule_interval: Positive | None = None
-    expected_activity: JsonObject = Field(default_factory=FrozenDict)
+    expected_activity: JsonObject | None = None
     budget: TokenBudget | None = None
+
+    def produces(self, scope: str, mark_type: MarkType) -> bool:
+        """Whether the manifest declares writing `mark_type` to exactly `scope`."""
+        return (scope, MarkType(mark_type)) in self.outputs
+
+    def consumes_pattern(self, pattern: WatchPattern) -> bool:
+        """Whether the manifest declares `pattern` among its inputs."""
+        return pattern in self.inputs
 
     @field_validator("expected_activity")
     @classmethod
-    def _activity_keys(cls, value: Mapping[str, Any]) -> Mapping[str, Any]:
-        for key, rate in value.items():
+    def _activity_keys(cls, value: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        for key, rate in (value or {}).items():
             MarkType(key)  # ValueError for anything but a mark type value
             if isinstance(rate, bool) or not isinstance(rate, int | float) or rate < 0:
                 raise ValueError(f"expected_activity[{key!r}] must be a rate >= 0")
@@ -581,30 +631,43 @@ class Agent(BaseModel):
         default_factory=FrozenDict
     )
     read_scopes: tuple[ScopeName, ...] = ()
+    #: the most trusted source this agent may claim on an observation
+    max_source: Source = Source.FLEET
     manifest: AgentManifest | None = None
 
-    def can_write(self, scope: str, mark_type: MarkType | str) -> bool:
-        """Whether some permission on `scope` or an ancestor lists `mark_type`."""
+    def can_write(self, scope_name: str, mark_type: MarkType | str) -> bool:
+        """Whether some permission on `scope_name` or an ancestor lists `mark_type`."""
         return any(
-            mark_type in types and scope_covers(granted, scope)
+            mark_type in types and scope_covers(granted, scope_name)
             for granted, types in self.scopes.items()
         )
 
-    def can_read(self, scope: str) -> bool:
-        """Content access to PROTECTED/CLASSIFIED `scope` (hierarchical, P23/P26)."""
-        return any(scope_covers(granted, scope) for granted in self.read_scopes)
+    def can_read_content(self, scope_name: str) -> bool:
+        """Content access to PROTECTED/CLASSIFIED `scope_name` (hierarchical, P23/P26)."""
+        return any(scope_covers(granted, scope_name) for granted in self.read_scopes)
+
+    can_read = can_read_content
+
+    def __eq__(self, other: object) -> bool:
+        """Agents are identities: two with the same id are the same agent."""
+        if not isinstance(other, Agent):
+            return NotImplemented
+        return self.id == other.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
 
 
-class NeedCluster(BaseModel):
-    """A group of similar unresolved needs in one scope, for the principal (§8.4)."""
-
-    model_config = _FROZEN
+@dataclass
+class NeedCluster:
+    """A group of similar unresolved needs in one scope, for the principal (§8.4); a
+    dataclass with the `markspace` package's fields, in its order."""
 
     scope: str
-    needs: tuple[Need, ...]
+    needs: list[Need]
     effective_priority: float
     blocking_count: int
-    contexts: tuple[JsonObject, ...]
+    contexts: list[Any]
 
 
 # --------------------------------------------------------------------------- deferred verdicts
@@ -639,6 +702,9 @@ class DeferredVerdict(BaseModel):
 # --------------------------------------------------------------------------- write checks
 
 
+_TRUST_RANK = {Source.EXTERNAL_UNVERIFIED: 0, Source.EXTERNAL_VERIFIED: 1, Source.FLEET: 2}
+
+
 def check_write(agent: object, mark: object, scope: Scope) -> Mark:
     """Everything a write must satisfy besides the scope existing (§8.1), in order:
     a well-formed mark, an authorized agent (P19), then the scope's verbs and topics.
@@ -662,13 +728,18 @@ def authorize_write(agent: Agent, mark: Mark, scope: Scope) -> None:
             f"agent {agent.name!r} may not write {mark.mark_type.value} marks to {mark.scope!r}"
         )
     check_scope_rules(mark, scope)
+    if isinstance(mark, Observation) and _TRUST_RANK[mark.source] > _TRUST_RANK[agent.max_source]:
+        raise UnauthorizedWrite(
+            f"agent {agent.name!r} (max_source {agent.max_source.value}) may not write "
+            f"observations with source {mark.source.value}"
+        )
 
 
 def check_scope_rules(mark: Mark, scope: Scope) -> None:
     """The scope's verb and topic lists (§7.1); InvalidMark when the mark breaks them."""
-    if isinstance(mark, Intent) and not scope.allows_intent_verb(mark.action):
+    if isinstance(mark, Intent) and not _allows(scope.allowed_intent_verbs, mark.action):
         raise InvalidMark(f"intent verb {mark.action!r} is not allowed in {scope.name!r}")
-    if isinstance(mark, Action) and not scope.allows_action_verb(mark.action):
+    if isinstance(mark, Action) and not _allows(scope.allowed_action_verbs, mark.action):
         raise InvalidMark(f"action verb {mark.action!r} is not allowed in {scope.name!r}")
     if isinstance(mark, Observation) and not scope.allows_observation_topic(mark.topic):
         raise InvalidMark(f"observation topic {mark.topic!r} is not allowed in {scope.name!r}")
@@ -678,12 +749,14 @@ def check_scope_rules(mark: Mark, scope: Scope) -> None:
 
 # --------------------------------------------------------------------------- strength
 
-DEFAULT_DECAY = DecayConfig()
-TRUST_WEIGHTS: dict[Source, float] = {
+#: the decay `compute_strength` uses when given none: a default Scope's
+DEFAULT_DECAY = SCOPE_DECAY
+#: trust weights (§4.1), read-only: the order fleet > verified > unverified is P6's
+TRUST_WEIGHTS: Mapping[Source, float] = MappingProxyType({
     Source.FLEET: 1.0,
     Source.EXTERNAL_VERIFIED: 0.7,
     Source.EXTERNAL_UNVERIFIED: 0.3,
-}
+})
 REINFORCEMENT_FACTOR = 0.3
 REINFORCEMENT_CAP = 2.0
 #: marks below this strength are left out of reads by default (§2.4 RECOMMENDED)
@@ -706,10 +779,12 @@ def _half_life_decay(initial: float, age: float, half_life: float) -> float:
     return initial * 0.5 ** (age / half_life)
 
 
-def compute_strength(mark: Mark, now: float, decay: DecaySource = None) -> float:
+def compute_strength(mark: Mark, now: float, decay_config: DecaySource = None) -> float:
     """Base strength at `now` by the decay rules of §3.1, before trust, supersession and
-    warnings. `decay` is the governing scope's DecayConfig (or the Scope, or a function of
-    the mark); default `DecayConfig()`. An unwritten mark (no created_at) has age 0."""
+    warnings. `decay_config` is the governing scope's DecayConfig (or the Scope, or a
+    function of the mark); default a default Scope's. An unwritten mark (no created_at) has
+    age 0."""
+    decay = decay_config
     initial = mark.initial_strength
     age = 0.0 if mark.created_at is None else max(0.0, now - mark.created_at)
     kind = mark.mark_type
@@ -737,21 +812,22 @@ def trust_weight(source: Source | str | Mark | None) -> float:
     return TRUST_WEIGHTS[Source(source)] if weight is None else weight
 
 
-def effective_strength(mark: Mark, now: float, decay: DecaySource = None) -> float:
+def effective_strength(mark: Mark, now: float, decay_config: DecaySource = None) -> float:
     """`compute_strength * trust_weight` (§4.2), in [0, initial_strength] (P7)."""
-    return compute_strength(mark, now, decay) * trust_weight(mark)
+    return compute_strength(mark, now, decay_config) * trust_weight(mark)
 
 
 def effective_strength_with_warnings(
-    mark: Mark, now: float, warnings: Iterable[Warning] = (), decay: DecaySource = None
+    mark: Mark, warnings: Iterable[Warning], now: float, decay_config: DecaySource = None
 ) -> float:
     """§9.5: effective strength minus the live strength of the warnings that invalidate this
     mark, never below 0 (P34). Only warnings whose `invalidates` is this mark's id count, so
     callers may pass any warnings. Supersession is the space's business, not this one's."""
-    base = effective_strength(mark, now, decay)
+    base = effective_strength(mark, now, decay_config)
     if base <= 0.0 or mark.id is None:
         return max(0.0, base)
-    penalty = sum(effective_strength(w, now, decay) for w in warnings if w.invalidates == mark.id)
+    penalty = sum(effective_strength(w, now, decay_config)
+                  for w in warnings if w.invalidates == mark.id)
     return max(0.0, base - penalty)
 
 
@@ -810,7 +886,7 @@ def resolve_conflict(intents: Sequence[Intent], policy: ConflictPolicy) -> UUID 
 def project_mark(mark: Mark) -> Mark:
     """The projected copy an unauthorized reader of a PROTECTED scope sees (§7.4): every
     structural and coordination field kept (P24), content fields emptied, `projected=True`."""
-    update = dict(CONTENT_FIELDS[mark.mark_type])
+    update: dict[str, Any] = {name: REDACTED[name] for name in CONTENT_FIELDS[mark.mark_type]}
     update["projected"] = True
     return mark.model_copy(update=update)
 
@@ -840,29 +916,31 @@ _NON_WORD = re.compile(r"[^\w]+")
 
 
 def question_key(question: str) -> str:
-    """The similarity used to cluster needs (§8.4 leaves it to us): questions equal after
-    lowercasing and dropping punctuation and extra whitespace are one cluster."""
+    """Questions equal after lowercasing and dropping punctuation and extra whitespace: the
+    similarity the trail analytics group needs by (agentpost.spark.analytics)."""
     return " ".join(_NON_WORD.sub(" ", question.casefold()).split())
 
 
 def cluster_needs(needs: Iterable[Need]) -> list[NeedCluster]:
-    """§8.4 over the given (unresolved) needs: group by scope then by `question_key`, score
-    `max(priority) + log(size) * 0.1`, sort by score descending (then scope, then the
-    cluster's first write, so the order is deterministic)."""
-    groups: dict[tuple[str, str], list[Need]] = {}
+    """§8.4 over the given (unresolved) needs. The similarity of step 2 is left to
+    implementations; as the `markspace` package, every need of a scope is one cluster.
+    Score `max(priority) + log(size) * 0.1`, at most 1.0 (the package's cap: a priority
+    stays in [0, 1]); sorted by score descending, then by the cluster's first write."""
+    groups: dict[str, list[Need]] = {}
     for need in sorted(needs, key=lambda n: (_created_key(n), str(n.id or ""))):
-        groups.setdefault((need.scope, question_key(need.question)), []).append(need)
+        groups.setdefault(need.scope, []).append(need)
     clusters = [
         NeedCluster(
             scope=scope,
-            needs=tuple(members),
-            effective_priority=max(n.priority for n in members) + math.log(len(members)) * 0.1,
+            needs=members,
+            effective_priority=min(1.0, max(n.priority for n in members)
+                                   + math.log(len(members)) * 0.1),
             blocking_count=sum(1 for n in members if n.blocking),
-            contexts=tuple(n.context for n in members),
+            contexts=[n.context for n in members],
         )
-        for (scope, _), members in groups.items()
+        for scope, members in groups.items()
     ]
-    clusters.sort(key=lambda c: (-c.effective_priority, c.scope, _created_key(c.needs[0])))
+    clusters.sort(key=lambda c: -c.effective_priority)
     return clusters
 
 
