@@ -52,7 +52,7 @@ TOLERANCE = 1e-9
 RESOURCES = ("r1", "r2", "r3")
 TOPICS = ("price", "load", "other")  # "other" is not an observation topic of "desk"
 SCOPE_NAMES = ("desk", "desk/east", "bid", "pool", "crowd", "nowhere")
-MIN_STRENGTHS = (0.01, 0.2, 0.6, 1.0)
+MIN_STRENGTHS = (0.0, 0.01, 0.2, 0.6, 1.0)
 ADVANCES = (1.0, 7.0, 35.0, 65.0, 250.0)
 
 
