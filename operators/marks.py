@@ -104,7 +104,7 @@ class _MarksOperator(StoreOperator):
     def _marks(self) -> Iterator[PostgresMarkSpace]:
         with self.errors():
             dsn = AgentpostHook(self.agentpost_conn_id).get_dsn()
-            with PostgresMarkSpace(dsn, scopes=_scopes_of(self.scopes),
+            with PostgresMarkSpace(dsn=dsn, scopes=_scopes_of(self.scopes),
                                    space=self.space) as marks:
                 yield marks
 

@@ -114,7 +114,7 @@ class _SagaTask(WaitsForCommands, StoreOperator):
             if self.marks_space is not None:
                 from agentpost.marks import PostgresMarkSpace
 
-                space = PostgresMarkSpace(AgentpostHook(self.agentpost_conn_id).get_dsn(),
+                space = PostgresMarkSpace(dsn=AgentpostHook(self.agentpost_conn_id).get_dsn(),
                                           space=self.marks_space)
             try:
                 yield SagaRunner(ledger, self.handlers, space=space, attempts=self.attempts,

@@ -49,7 +49,7 @@ def make_space(kind: str, scopes: Iterable[Any], clock: Clock, dsn: str | None =
     if kind == "postgres":
         if dsn is None:
             raise ValueError("a postgres space needs a dsn")
-        return PostgresMarkSpace(dsn, scopes=scopes, clock=clock, space=unique_space_name(),
+        return PostgresMarkSpace(dsn=dsn, scopes=scopes, clock=clock, space=unique_space_name(),
                                  **options)
     raise ValueError(f"unknown backend {kind!r}")
 

@@ -192,14 +192,14 @@ def test_write_mark_through_the_guard_and_the_space(office: EnvelopeStore, dsn: 
     needed = run(WriteMarkOperator(
         task_id="need", agent="planner", scopes=CALENDAR, space="trips", mark_type="need",
         scope="calendar", fields={"question": "which hotel?", "blocking": True}, via="space"))
-    with PostgresMarkSpace(dsn, scopes=CALENDAR, space="trips") as marks:
+    with PostgresMarkSpace(dsn=dsn, scopes=CALENDAR, space="trips") as marks:
         observation = marks.get(UUID(observed))
         need = marks.get(UUID(needed))
         assert marks.get(UUID(observed)) is not None
     assert observation.content == {"sky": "clear"}
     assert observation.agent_id == stable_agent("weather-bot", {}).id
     assert (need.question, need.blocking) == ("which hotel?", True)
-    with PostgresMarkSpace(dsn, scopes=CALENDAR, space="other") as marks:
+    with PostgresMarkSpace(dsn=dsn, scopes=CALENDAR, space="other") as marks:
         assert marks.get(UUID(observed)) is None  # another space
     with pytest.raises(InvalidInput, match="GuardedActionOperator"):
         WriteMarkOperator(task_id="i", agent="a", scopes=CALENDAR, mark_type="intent",
@@ -254,7 +254,7 @@ def test_a_retried_mark_write_writes_nothing_new(office: EnvelopeStore, dsn: str
         first = run(op, 1)
         assert run(op, 2) == first and run(op, 3) == first
         assert run(op, 1, map_index=0) != first
-    with PostgresMarkSpace(dsn, scopes=CALENDAR, space="trips") as marks:
+    with PostgresMarkSpace(dsn=dsn, scopes=CALENDAR, space="trips") as marks:
         assert len(marks) == 4
 
 

@@ -19,7 +19,7 @@ from airflow.sdk.module_loading import import_string
 from airflow.triggers.base import TaskSuccessEvent
 
 import test_airflow_inbox  # noqa: F401  (sets up a private AIRFLOW_HOME before Airflow loads)
-from agentpost.marks import Agent, ConflictPolicy, DecayConfig, Guard, Need, Scope, hours
+from agentpost.marks import Action, Agent, ConflictPolicy, DecayConfig, Guard, Need, Scope, hours
 from agentpost.marks.postgres import PostgresMarkSpace
 from agentpost.operators import InboxSensor, NeedResolvedSensor, ReplySensor, VerdictSensor
 from agentpost.operators.sensors import default_deferrable
@@ -130,9 +130,9 @@ def test_need_trigger_wakes_on_the_resolution(store: EnvelopeStore, dsn: str) ->
     """NeedResolvedSensor: resolving a need NOTIFYs agentpost_need (0040), so the trigger
     fires at once, with the resolving copy and action; a mark that is not a need, or no
     mark, is an error event."""
-    with PostgresMarkSpace(dsn, scopes=[CAL], space="team") as space:
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL], space="team") as space:
         need = space.write(ASKER, Need(scope="cal", question="which room?"))
-        action = UUID(int=7)
+        action = space.write(ASKER, Action(scope="cal", action="answered"))
         trigger = NeedResolvedTrigger(need_id=need, space="team", poll_interval=POLL, dsn=dsn)
         with in_background(later(lambda: space.resolve(need, action), dsn)) as done:
             payload, took = run_trigger(trigger, done)
@@ -152,7 +152,7 @@ def test_verdict_trigger_reports_allow_and_blocked_with_the_winner(store: Envelo
     """VerdictSensor: agents' intents on a deferred scope wait for a boundary; its verdicts
     (kept by the space, NOTIFYed by 0040) end the wait: ALLOW for the winner, BLOCKED with
     the winning intent for the loser."""
-    with PostgresMarkSpace(dsn, scopes=[PARKING], space="lot") as space:
+    with PostgresMarkSpace(dsn=dsn, scopes=[PARKING], space="lot") as space:
         guard = Guard(space)
         low, high = DRIVERS
         guard.pre_action(low, "parking", "spot-1", "park", 0.2)
@@ -324,12 +324,13 @@ def test_sensors_check_through_the_connection_and_fail_in_one_line(
     assert reply.poke({}).xcom_value["id"] == answer
     matching = InboxSensor(task_id="m", workspace_id="w1", in_reply_to=asked)
     assert matching.poke({}).xcom_value["envelope_ids"] == [answer]
-    with PostgresMarkSpace(dsn, scopes=[CAL], space="team") as space:
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL], space="team") as space:
         need = space.write(ASKER, Need(scope="cal", question="q"))
         sensor = NeedResolvedSensor(task_id="need", need_id=need, space="team")
         assert not sensor.poke({})
-        space.resolve(need, UUID(int=9))
-        assert sensor.poke({}).xcom_value["resolved_by"] == str(UUID(int=9))
+        answer = space.write(ASKER, Action(scope="cal", action="answered"))
+        space.resolve(need, answer)  # by a stored action, as the package requires
+        assert sensor.poke({}).xcom_value["resolved_by"] == str(answer)
     verdict = VerdictSensor(task_id="v", scope="parking", resource="r", agent_id=UUID(int=4))
     with pytest.raises(AirflowException, match=r"cannot watch the verdict for .*: NotFound"):
         verdict.execute_complete({}, {"status": "error", "agent_id": "a", "scope": "parking",

@@ -161,7 +161,7 @@ def test_apply_creates_the_fleet_and_a_second_apply_changes_nothing(
     assert refused.status == "rejected"
     assert store.send("dispatch", "driver-a", "weather.update", "x").status == "rejected"
 
-    space = PostgresMarkSpace(dsn, scopes=fleet.scopes, space=fleet.space)
+    space = PostgresMarkSpace(dsn=dsn, scopes=fleet.scopes, space=fleet.space)
     try:
         space.write(fleet.agent("driver-b"), Action(scope="parking", resource="spot-1",
                                                     action="parked"))
@@ -260,7 +260,7 @@ def test_a_boundary_notifies_each_verdict(store: EnvelopeStore, dsn: str) -> Non
     names the winner (the highest confidence, Markspace P15) and each agent's verdict."""
     fleet = load_fleet(EXAMPLE)
     apply(store, fleet)
-    space = PostgresMarkSpace(dsn, scopes=fleet.scopes, space=fleet.space)
+    space = PostgresMarkSpace(dsn=dsn, scopes=fleet.scopes, space=fleet.space)
     listener = connect(dsn)
     try:
         guard = Guard(space)
@@ -278,6 +278,7 @@ def test_a_boundary_notifies_each_verdict(store: EnvelopeStore, dsn: str) -> Non
                         "verdicts": {"driver-a": "blocked", "driver-b": "allow"}}]
     ids = {str(fleet.agent(n).id): n for n in ("driver-a", "driver-b")}
     assert sorted(ids[p] for p in heard) == ["driver-a", "driver-b"]
+    assert run_boundary(dsn, fleet, resource="spot-7") == summary  # one resource: same verdicts
     with pytest.raises(InvalidInput, match="'weather' is not a deferred scope of fleet"):
         run_boundary(dsn, fleet, scopes=["weather"])
 

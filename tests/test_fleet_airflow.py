@@ -243,7 +243,7 @@ def pre_action_in_a_process(dsn: str, names: list[str], resource: str) -> list[A
     from agentpost.marks.postgres import PostgresMarkSpace
 
     fleet = load_fleet(EXAMPLE)
-    space = PostgresMarkSpace(dsn, scopes=fleet.scopes, space=fleet.space)
+    space = PostgresMarkSpace(dsn=dsn, scopes=fleet.scopes, space=fleet.space)
     ids = {fleet.agent(a.name).id: a.name for a in fleet.agents}
     try:
         guard = Guard(space)
@@ -369,7 +369,7 @@ def holders(dsn: str, fleet: Any) -> dict[str, list[str]]:
     from agentpost.marks.postgres import PostgresMarkSpace
 
     names = {fleet.agent(a.name).id: a.name for a in fleet.agents}
-    space = PostgresMarkSpace(dsn, scopes=fleet.scopes, space=fleet.space)
+    space = PostgresMarkSpace(dsn=dsn, scopes=fleet.scopes, space=fleet.space)
     try:
         return {spot: [names[a.agent_id] for a in space.claims("parking", spot)]
                 for spot in ("spot-1", "spot-2", "spot-3")}

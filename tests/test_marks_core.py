@@ -641,8 +641,9 @@ def test_indexed_reads_match_brute_force():
         ids.append(space.write(agent, mark))
         if roll > 0.95:
             needs = space.read(name, mark_type="need", min_strength=0)
-            if needs:
-                space.resolve(needs[0].id, uuid.uuid4())
+            if needs:  # resolved by a stored action, as the package requires
+                done = space.write(agent, Action(scope=name, resource="p", action="did"))
+                space.resolve(needs[0].id, done)
         if step % 7 == 0:
             now += rnd.choice([0.0, 1.0, 5.0, 40.0])
             space.set_clock(now)

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from agentpost.marks.barrier import AgentBarrier, PrincipalTokenRejected
 from agentpost.marks.budget import (
-    BudgetTracker,
+    BudgetLedger,
+    BudgetStatus,
     InvalidTokenCount,
     estimate_tokens,
     truncate_to_budget,
@@ -38,16 +39,18 @@ from agentpost.marks.core import (
     TokenBudget,
     UnauthorizedWrite,
     UnknownScope,
+    Warning,
 )
 from agentpost.marks.envelope import (
     AnomalyKind,
     EnvelopeVerdict,
     StatisticalEnvelope,
     Welford,
-    WelfordDetector,
+    WindowedDetector,
 )
 from agentpost.marks.guard import (
     SYSTEM_AGENT_ID,
+    SYSTEM_SCOPE,
     BarrierDenied,
     BudgetExhausted,
     EnvelopeRestricted,
@@ -89,6 +92,8 @@ HYPOTHESIS = settings(
 )
 TOKEN = "principal-secret"
 W = 300.0  # the envelope's default window
+#: closed windows before the package's default detector judges (WelfordConfig.min_samples)
+BASELINE = 10
 START = T0 - (T0 % W)  # a window boundary, so window arithmetic in tests is exact
 ALL_TYPES = ["intent", "action", "observation", "warning", "need"]
 
@@ -162,7 +167,7 @@ def test_p41_cold_start_is_always_normal(bursts, agents):
         for index in range(burst):
             who = ids[index % agents]
             kind = MarkType.NEED if index % 3 else MarkType.OBSERVATION
-            envelope.record_attempt(who, "feed", kind, at(window), topic="x")
+            envelope.record_attempt(who, kind, scope="feed", at=at(window), topic="x")
             assert envelope.check(who, at(window)) is EnvelopeVerdict.NORMAL
     assert not envelope.detector_for(ids[0]).is_ready()
 
@@ -172,8 +177,8 @@ def test_rate_spike_restricts_after_the_baseline(make_space):
     the flag names the scope and type (the write that crossed the line is refused, P42)."""
     space, envelope, guard = guarded(make_space)
     spiky = agent("spiky")
-    steady(space, guard, spiky, windows=6)
-    rejected = flood(space, guard, spiky, window=6, count=10)
+    steady(space, guard, spiky, windows=BASELINE)
+    rejected = flood(space, guard, spiky, window=BASELINE, count=10)
     assert isinstance(rejected[0], EnvelopeRestricted)
     assert all(isinstance(r, BarrierDenied) for r in rejected[1:])
     finding = envelope.evaluate(spiky.id, space.now())
@@ -190,8 +195,8 @@ def test_restriction_invalidates_recent_observations_and_files_an_audit_need(mak
     scope (they drop out of reads) plus an audit Need for the principal."""
     space, _, guard = guarded(make_space)
     spiky = agent("spiky")
-    steady(space, guard, spiky, windows=6)
-    flood(space, guard, spiky, window=6, count=8)
+    steady(space, guard, spiky, windows=BASELINE)
+    flood(space, guard, spiky, window=BASELINE, count=8)
     recent = [
         m
         for m in space.read("feed", mark_type=MarkType.OBSERVATION)
@@ -210,9 +215,9 @@ def test_p40_restriction_is_sticky_until_the_principal_resets(make_space):
     reset(agent, principal_token); a wrong token is refused and changes nothing."""
     space, envelope, guard = guarded(make_space)
     spiky = agent("spiky")
-    steady(space, guard, spiky, windows=6)
-    flood(space, guard, spiky, window=6, count=8)
-    for window in range(7, 20):
+    steady(space, guard, spiky, windows=BASELINE)
+    flood(space, guard, spiky, window=BASELINE, count=8)
+    for window in range(BASELINE + 1, 20):
         assert envelope.check(spiky.id, at(window)) is EnvelopeVerdict.RESTRICTED
     with pytest.raises(PrincipalTokenRejected):
         envelope.reset(spiky.id, "guess")
@@ -230,24 +235,25 @@ def test_p40_sticky_for_any_later_activity(quiet):
     envelope = StatisticalEnvelope(principal_token=TOKEN, min_samples=3)
     who = uuid4()
     for window in range(3):
-        envelope.record_attempt(who, "feed", MarkType.OBSERVATION, at(window))
+        envelope.record_attempt(who, MarkType.OBSERVATION, scope="feed", at=at(window))
     for _ in range(20):
-        envelope.record_attempt(who, "feed", MarkType.OBSERVATION, at(3))
+        envelope.record_attempt(who, MarkType.OBSERVATION, scope="feed", at=at(3))
     assert envelope.check(who, at(3)) is EnvelopeVerdict.RESTRICTED
     for offset, count in enumerate(quiet, start=4):
         for _ in range(count):
-            envelope.record_attempt(who, "feed", MarkType.OBSERVATION, at(offset))
+            envelope.record_attempt(who, MarkType.OBSERVATION, scope="feed", at=at(offset))
         assert envelope.check(who, at(offset, 299)) is EnvelopeVerdict.RESTRICTED
 
 
 def test_type_shift_restricts():
-    """§9.7 check 2: a window whose type mix is far from the history (distance > 0.5)."""
-    envelope = StatisticalEnvelope()
+    """§9.7 check 2, our windowed reading (every mark type counted): a window whose type mix
+    is far from the history (distance > 0.5)."""
+    envelope = StatisticalEnvelope(window_seconds=W)
     rates = {"observation": 120.0, "warning": 60.0, "need": 60.0}  # 10, 5, 5 per window
     who = agent("shifty", manifest=AgentManifest(expected_activity=rates))
     envelope.register(who)
     for _ in range(8):
-        envelope.record_attempt(who.id, "feed", MarkType.NEED, at(0))
+        envelope.record_attempt(who.id, MarkType.NEED, scope="feed", at=at(0))
     finding = envelope.evaluate(who.id, at(0))
     assert finding.verdict is EnvelopeVerdict.RESTRICTED
     assert (finding.kind, finding.mark_type) == (AnomalyKind.TYPE_SHIFT, MarkType.NEED)
@@ -255,7 +261,7 @@ def test_type_shift_restricts():
 
 def test_burst_straddling_a_window_boundary():
     """§9.7 check 1: current + previous > 2·threshold flags a burst split across windows."""
-    detector = WelfordDetector(k=1.0)
+    detector = WindowedDetector(k=1.0)
     detector.seed_baseline({MarkType.OBSERVATION: 2.0})
     for _ in range(8):
         detector.record(MarkType.OBSERVATION, at(0))  # late in window 0, never checked
@@ -283,7 +289,7 @@ def test_declared_baseline_removes_the_cold_start(make_space):
 
 def test_seeded_variance_is_a_quarter_of_the_mean_squared():
     """§9.7: synthetic variance = 25% of mean² (stddev = half the mean)."""
-    detector = WelfordDetector()
+    detector = WindowedDetector()
     detector.seed_baseline({MarkType.OBSERVATION: 8.0})
     stats = detector.stats[MarkType.OBSERVATION]
     assert stats.mean == 8.0 and stats.stddev == pytest.approx(4.0)
@@ -294,11 +300,11 @@ def test_concentration_flags_without_a_barrier(make_space):
     writes one warning on the topic and narrows nothing."""
     space, envelope, guard = guarded(make_space)
     crowd = [agent(f"c{i}") for i in range(3)]
-    for window in range(5):
+    for window in range(BASELINE):
         space.set_clock(at(window))
         for index, who in enumerate(crowd):
             guard.write_mark(who, obs(topic=f"own-{index}"))
-    space.set_clock(at(5))
+    space.set_clock(at(BASELINE))
     for who in crowd:
         guard.write_mark(who, obs(topic="hot"))
     assert envelope.check(crowd[0].id, space.now()) is EnvelopeVerdict.FLAGGED
@@ -330,8 +336,8 @@ def test_p42_rejected_writes_store_nothing(make_space):
     """P42: a write refused by the barrier or by the envelope leaves the space unchanged."""
     space, _, guard = guarded(make_space)
     spiky = agent("spiky")
-    steady(space, guard, spiky, windows=6)
-    space.set_clock(at(6))
+    steady(space, guard, spiky, windows=BASELINE)
+    space.set_clock(at(BASELINE))
     while True:
         before = snapshot(space)
         try:
@@ -384,15 +390,16 @@ def test_p43_one_scope_per_flag_and_global_need_only_after_the_threshold(make_sp
 
 
 def test_escalation_after_three_flags_requires_needs_everywhere(make_space):
-    """§9.7 escalation 1–3: flags on three scopes narrow one scope each; the third makes
-    every action wait for the principal (BLOCKED with a Need), Needs stay writable."""
+    """§9.7 escalation 1–3: flags on three scopes narrow one scope each; the third requires
+    a Need before any action anywhere (DENIED until the agent writes one there; Needs stay
+    writable)."""
     space, _, guard = guarded(make_space, scopes=("feed", "other", "third", "quiet"))
     who = agent("who", scopes=("feed", "other", "third", "quiet"))
-    for window in range(6):
+    for window in range(BASELINE):
         space.set_clock(at(window))
         for name in ("feed", "other", "third"):
             guard.write_mark(who, obs(name))
-    for window, name in enumerate(("feed", "other", "third"), start=6):
+    for window, name in enumerate(("feed", "other", "third"), start=BASELINE):
         space.set_clock(at(window))
         barrier = guard.barrier_for(who.id)
         flags = barrier.flag_count
@@ -405,12 +412,13 @@ def test_escalation_after_three_flags_requires_needs_everywhere(make_space):
                 pass
         state = barrier.state()
         assert (name, MarkType.OBSERVATION) in state.revoked
-        assert state.flag_count == window - 5
+        assert state.flag_count == window - BASELINE + 1
         assert state.need_all is (state.flag_count >= 3)
     decision = guard.pre_action(who, "quiet", "r", "touch")
-    assert decision.verdict is Verdict.BLOCKED and decision.check is GuardCheck.NEED_REQUIRED
-    assert decision.need_id is not None and decision.reason
+    assert decision.verdict is Verdict.DENIED and decision.check is GuardCheck.NEED_REQUIRED
+    assert decision.reason
     guard.write_mark(who, Need(scope="quiet", question="may I?"))
+    assert guard.pre_action(who, "quiet", "r", "touch").verdict is Verdict.ALLOW
 
 
 # =========================================================================== barrier
@@ -429,24 +437,23 @@ BARRIER_OPS = st.lists(
 @given(ops=BARRIER_OPS)
 def test_p44_p45_barrier_is_monotonic_without_the_principal(ops):
     """P44: a revoked (scope, type) stays revoked until restore() with the principal token
-    succeeds; P45: any other token is refused and changes nothing."""
+    succeeds; P45: any other token is refused (False, as in the package) and changes
+    nothing."""
     barrier = AgentBarrier(uuid4(), TOKEN)
     probes = [(s, t) for s in ("a", "a/b", "a/b/c", "c", "z") for t in MarkType]
     for op, scope_name, mark_type in ops:
-        before = {p: barrier.is_allowed(*p) for p in probes}
+        before = {p: barrier.is_allowed_checked(*p) for p in probes}
         if op == "narrow":
             barrier.narrow(scope_name, mark_type)
         elif op == "narrow_all":
             barrier.narrow_all(mark_type)
         elif op == "restore_bad":
-            with pytest.raises(PrincipalTokenRejected):
-                barrier.restore(scope_name, mark_type, "not-the-token")
+            assert barrier.restore(scope_name, mark_type, "not-the-token") is False
         elif op == "restore_all_bad":
-            with pytest.raises(PrincipalTokenRejected):
-                barrier.restore_all(TOKEN + "x")
+            assert barrier.restore_all(TOKEN + "x") is False
         else:
-            barrier.restore(scope_name, mark_type, TOKEN)
-        after = {p: barrier.is_allowed(*p) for p in probes}
+            assert barrier.restore(scope_name, mark_type, TOKEN) is True
+        after = {p: barrier.is_allowed_checked(*p) for p in probes}
         if op != "restore":
             assert all(after[p] is False for p in probes if before[p] is False)
         if op in ("restore_bad", "restore_all_bad"):
@@ -454,17 +461,20 @@ def test_p44_p45_barrier_is_monotonic_without_the_principal(ops):
 
 
 def test_barrier_hierarchy_wildcard_and_restore():
-    """§9.8: narrowing covers child scopes, narrow_all is the "*" wildcard; restore lifts
-    exactly the named entry; restore_all clears everything and the escalation counter."""
+    """§9.8: narrowing covers child scopes (is_allowed_checked; is_allowed is the exact
+    entry, as in the package), narrow_all is the "*" wildcard; restore lifts exactly the
+    named entry; restore_all clears everything and the escalation counter."""
     barrier = AgentBarrier(uuid4(), TOKEN)
     barrier.narrow("calendar", MarkType.OBSERVATION)
-    assert not barrier.is_allowed("calendar/rooms", MarkType.OBSERVATION)
-    assert barrier.is_allowed("calendar", MarkType.NEED)
-    assert barrier.is_allowed("calendars", MarkType.OBSERVATION)
-    barrier.narrow_all(MarkType.ACTION)
-    assert not barrier.is_allowed("anything/at/all", MarkType.ACTION)
-    barrier.restore("calendar", MarkType.OBSERVATION, TOKEN)
+    assert not barrier.is_allowed_checked("calendar/rooms", MarkType.OBSERVATION)
     assert barrier.is_allowed("calendar/rooms", MarkType.OBSERVATION)
+    assert not barrier.is_allowed("calendar", "observation")
+    assert barrier.is_allowed_checked("calendar", MarkType.NEED)
+    assert barrier.is_allowed_checked("calendars", MarkType.OBSERVATION)
+    barrier.narrow_all(MarkType.ACTION)
+    assert not barrier.is_allowed_checked("anything/at/all", MarkType.ACTION)
+    barrier.restore("calendar", MarkType.OBSERVATION, TOKEN)
+    assert barrier.is_allowed_checked("calendar/rooms", MarkType.OBSERVATION)
     barrier.require_need("calendar")
     barrier.record_flag("calendar")
     assert barrier.need_required("calendar/rooms") and not barrier.need_required("mail")
@@ -473,8 +483,9 @@ def test_barrier_hierarchy_wildcard_and_restore():
 
 
 def test_guard_applies_barriers_to_actions_and_writes(make_space):
-    """§9.8 through the guard: a revoked intent/action type means DENIED (check barrier), a
-    need requirement means BLOCKED with a Need, and the principal's restore lifts both."""
+    """§9.8 through the guard: a revoked intent/action type means DENIED (check barrier); a
+    need requirement refuses intents and writes (DENIED, BarrierDenied) until the agent has
+    written a Need of its own there (the package's reading); restore_all lifts both."""
     space = make_space([Scope(name="feed")], clock=at(0))
     guard = Guard(space, principal_token=TOKEN)
     who = agent("who")
@@ -488,10 +499,17 @@ def test_guard_applies_barriers_to_actions_and_writes(make_space):
         guard.write_mark(who, obs())
     barrier.restore("feed", MarkType.ACTION, TOKEN)
     barrier.require_need("feed")
-    blocked = guard.pre_action(who, "feed", "r", "do")
-    assert blocked.verdict is Verdict.BLOCKED and blocked.need_id is not None
+    refused = guard.pre_action(who, "feed", "r", "do")
+    assert refused.verdict is Verdict.DENIED and refused.check is GuardCheck.NEED_REQUIRED
     barrier.restore_all(TOKEN)
+    barrier.require_need("feed")
+    with pytest.raises(BarrierDenied):
+        guard.write_mark(who, Warning(scope="feed", topic="t", reason="r"))
+    assert guard.pre_action(who, "feed", "r", "do").verdict is Verdict.DENIED
+    guard.write_mark(who, Need(scope="feed", question="may I?"))
     assert guard.pre_action(who, "feed", "r", "do").verdict is Verdict.ALLOW
+    barrier.restore_all(TOKEN)
+    assert guard.pre_action(who, "feed", "r2", "do").verdict is Verdict.ALLOW
 
 
 # =========================================================================== probe
@@ -566,7 +584,7 @@ def budgeted(name: str = "spender", **limits) -> Agent:
 def budget_needs(space, who) -> list[Need]:
     return [
         m
-        for m in space.read("feed", mark_type=MarkType.NEED)
+        for m in space.read(SYSTEM_SCOPE, mark_type=MarkType.NEED)
         if isinstance(m, Need)
         and m.context.get("kind") == "budget_warning"
         and m.context.get("agent_id") == str(who.id)
@@ -579,7 +597,7 @@ def test_p59_no_budget_no_tracking_no_enforcement(make_space):
     guard = Guard(space)
     free = agent("free")
     for _ in range(5):
-        assert guard.record_round_tokens(free, 10**9, 10**9) is None
+        assert guard.record_round_tokens(free, 10**9, 10**9) is BudgetStatus.OK
     assert guard.check_activation(free).allowed and guard.can_activate(free)
     assert guard.budgets.usage(free.id) == (0, 0)
     assert space.active_marks() == []
@@ -621,7 +639,8 @@ def test_p61_hard_stop_and_p62_resumption(make_space):
     guard.record_round_tokens(who, 600, 50)
     assert guard.check_activation(who).allowed
     status = guard.record_round_tokens(who, 400, 50)
-    assert status.stopped
+    assert status is BudgetStatus.WARNING_INPUT  # the package's order: the warning first
+    assert guard.budget_status(who).stopped
     decision = guard.check_activation(who)
     assert decision.verdict is Verdict.DENIED and decision.check is GuardCheck.BUDGET
     assert decision.reason
@@ -647,7 +666,7 @@ def test_p61_hard_stop_and_p62_resumption(make_space):
 def test_p63_usage_never_decreases(rounds):
     """P63: tracked usage is monotonically non-decreasing, across budget changes; bad
     counts are refused without touching the totals."""
-    tracker = BudgetTracker()
+    tracker = BudgetLedger()
     who = uuid4()
     small = TokenBudget(max_input_tokens_total=100, max_output_tokens_total=100)
     large = TokenBudget(max_input_tokens_total=10**6)
@@ -687,7 +706,7 @@ def test_per_round_budgets_cut_reads_and_set_max_tokens(make_space):
 # =========================================================================== rate limits
 
 
-class CountingDetector(WelfordDetector):
+class CountingDetector(WindowedDetector):
     """A default detector that also remembers how many attempts it saw."""
 
     def __post_init__(self) -> None:
@@ -725,7 +744,7 @@ def test_p64_per_agent_cap_rejects_and_the_envelope_sees_it(make_space):
 
 def test_p65_fleet_cap_rejects_everyone_until_the_window_rotates(make_space):
     """P65: once the scope's total reaches max_total_writes_per_window, every agent is
-    refused until the next window."""
+    refused until the writes age out of the sliding window."""
     space = make_space(
         [limited_scope(max_total_writes_per_window=4, max_writes_per_agent_per_window=10)],
         clock=START,
@@ -740,7 +759,10 @@ def test_p65_fleet_cap_rejects_everyone_until_the_window_rotates(make_space):
     space.set_clock(START + 59.9)
     with pytest.raises(RateLimited):
         guard.write_mark(writers[0], obs())
-    space.set_clock(START + 60.0)
+    space.set_clock(START + 60.0)  # a sliding window (the package's): START still counts
+    with pytest.raises(RateLimited):
+        guard.write_mark(writers[0], obs())
+    space.set_clock(START + 60.001)
     guard.write_mark(writers[0], obs())
 
 
@@ -762,11 +784,11 @@ def test_p66_rate_limits_and_envelope_are_independent(make_space):
     envelope = StatisticalEnvelope(principal_token=TOKEN)
     guard = Guard(space, envelope=envelope, principal_token=TOKEN)
     spiky = agent("spiky")
-    steady(space, guard, spiky, windows=6)
-    rejected = flood(space, guard, spiky, window=6, count=10)
+    steady(space, guard, spiky, windows=BASELINE)
+    rejected = flood(space, guard, spiky, window=BASELINE, count=10)
     assert rejected and not any(isinstance(r, RateLimited) for r in rejected)
     declared = agent("declared", manifest=AgentManifest(expected_activity={"observation": 6000.0}))
-    space.set_clock(at(7))
+    space.set_clock(at(BASELINE + 1))
     outcomes = []
     for _ in range(52):
         try:
@@ -964,14 +986,15 @@ def test_metrics_of_section_9_11(make_space):
 
 def test_structured_log_sink_writes_json(caplog):
     """§9.11 StructuredLogSink: JSON records through Python logging; NullSink discards."""
-    sink = StructuredLogSink()
+    sink = StructuredLogSink("agentpost.marks.telemetry")
     emitter = Emitter(sink, lambda: T0)
-    with caplog.at_level(logging.INFO, logger="agentpost.marks.telemetry"):
+    with caplog.at_level(logging.DEBUG, logger="agentpost.marks.telemetry"):
         emitter.event("markspace.test", agent_id=uuid4(), verdict=Verdict.ALLOW)
         emitter.count(MARKS_WRITTEN, {"scope": "feed"})
     payloads = [json.loads(record.getMessage()) for record in caplog.records]
-    assert payloads[0]["event"]["attributes"]["verdict"] == "allow"
-    assert payloads[1]["metric"]["name"] == MARKS_WRITTEN
+    assert payloads[0]["verdict"] == "allow" and payloads[0]["operation"] == "test"
+    assert payloads[0]["attributes"]["verdict"] == "allow"
+    assert payloads[1]["metric"] == MARKS_WRITTEN and payloads[1]["scope"] == "feed"
     NullSink().log_event(None)  # accepts anything, does nothing
 
 

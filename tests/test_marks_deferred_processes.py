@@ -53,7 +53,8 @@ def _handle(guard: Guard, op: str, args: tuple[Any, ...]) -> Any:
         return guard.pre_action(agent, "parking", resource, "park", confidence).verdict.value
     if op == "resolve":
         (resource,) = args
-        return {str(a): v.value for a, v in guard.resolve_deferred("parking", resource).items()}
+        return {str(a): v.verdict.value
+                for a, v in guard.resolve_deferred("parking", resource).items()}
     if op == "resolve_all":
         return {resource: {str(a): v.value for a, v in outcome.items()}
                 for (_, resource), outcome in guard.resolve_all_deferred().items()}
@@ -76,7 +77,7 @@ def _handle(guard: Guard, op: str, args: tuple[Any, ...]) -> Any:
 
 def serve(dsn: str, space_name: str, inbox: Any, outbox: Any) -> None:
     """A worker process (spawned: it builds everything it uses itself)."""
-    space = PostgresMarkSpace(dsn, scopes=[SCOPE], space=space_name)
+    space = PostgresMarkSpace(dsn=dsn, scopes=[SCOPE], space=space_name)
     guard = Guard(space)
     try:
         while (command := inbox.get(timeout=120)) is not None:

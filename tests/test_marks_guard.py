@@ -73,6 +73,11 @@ def agent(name: str, scope_name: str = "calendar", types=ALL_TYPES) -> Agent:
     return Agent(name=name, scopes={scope_name: list(types)})
 
 
+def verdicts_of(decisions: dict) -> dict:
+    """A boundary's decisions as agent id -> verdict."""
+    return {agent_id: decision.verdict for agent_id, decision in decisions.items()}
+
+
 def intents_on(space, scope_name: str, resource: str) -> list[Intent]:
     return [
         m
@@ -475,7 +480,7 @@ def test_deferred_advisory_mode_then_highest_confidence_wins(make_space):
     """§6.2 timeline, P15: A 0.5, B 0.95, C 0.7 collected; at the boundary B alone gets
     ALLOW, A and C BLOCKED; the losing intents stay until their TTL."""
     space, guard, (a, b, c) = deferred_setup(make_space, [0.5, 0.95, 0.7])
-    verdicts = guard.resolve_deferred("calendar", "spot")
+    verdicts = verdicts_of(guard.resolve_deferred("calendar", "spot"))
     assert verdicts == {a.id: Verdict.BLOCKED, b.id: Verdict.ALLOW, c.id: Verdict.BLOCKED}
     assert len(intents_on(space, "calendar", "spot")) == 3
     decisions = guard.resolve_deferred_decisions("calendar", "spot")
@@ -489,14 +494,14 @@ def test_deferred_winner_proceeds_with_post_action_then_others_conflict(make_spa
     assert decisions[b.id].verdict is Verdict.ALLOW
     guard.post_action(b, "calendar", "spot", "parked", {}, decisions[b.id].intent_id)
     assert guard.pre_action(a, "calendar", "spot", "park", 1.0).verdict is Verdict.CONFLICT
-    assert guard.resolve_deferred("calendar", "spot") == {a.id: Verdict.BLOCKED}
+    assert verdicts_of(guard.resolve_deferred("calendar", "spot")) == {a.id: Verdict.BLOCKED}
 
 
 def test_deferred_winner_can_execute_after_the_boundary(make_space):
     """§6.2.3 phase 3: after the boundary the winner's execute is allowed (its winning
     intent is reused), the losers' stay BLOCKED and never run their tools (P37)."""
     space, guard, (a, b, c) = deferred_setup(make_space, [0.5, 0.95, 0.7])
-    assert guard.resolve_deferred("calendar", "spot")[b.id] is Verdict.ALLOW
+    assert verdicts_of(guard.resolve_deferred("calendar", "spot"))[b.id] is Verdict.ALLOW
     loser_tool, winner_tool = Tool(), Tool()
     lost, _ = guard.execute(a, "calendar", "spot", "park", "parked", loser_tool, 0.5)
     won, result = guard.execute(b, "calendar", "spot", "park", "parked", winner_tool, 0.95)
@@ -509,10 +514,10 @@ def test_deferred_winner_can_execute_after_the_boundary(make_space):
 def test_deferred_grant_lapses_when_the_winner_changes_its_plan(make_space):
     """§6.2.1: a grant belongs to the winning intent; a new intent waits for a boundary."""
     _, guard, (a, b) = deferred_setup(make_space, [0.5, 0.9])
-    guard.resolve_deferred("calendar", "spot")
+    verdicts_of(guard.resolve_deferred("calendar", "spot"))
     assert guard.pre_action(b, "calendar", "spot", "park", 0.9).allowed
     assert guard.pre_action(b, "calendar", "spot", "park", 0.6).verdict is Verdict.BLOCKED
-    assert guard.resolve_deferred("calendar", "spot") == {
+    assert verdicts_of(guard.resolve_deferred("calendar", "spot")) == {
         a.id: Verdict.BLOCKED,
         b.id: Verdict.ALLOW,
     }
@@ -530,7 +535,7 @@ def test_p14_p18_old_intents_within_ttl_are_included_expired_ones_not(make_space
     guard.pre_action(old_strong, "calendar", "spot", "park", 0.9)
     space.set_clock(T0 + TTL + 5)
     guard.pre_action(fresh, "calendar", "spot", "park", 0.2)
-    verdicts = guard.resolve_deferred("calendar", "spot")
+    verdicts = verdicts_of(guard.resolve_deferred("calendar", "spot"))
     assert verdicts == {old_strong.id: Verdict.ALLOW, fresh.id: Verdict.BLOCKED}
 
 
@@ -551,7 +556,7 @@ def test_p15_p17_deferred_mutual_exclusion_and_fidelity(make_space, policy, clai
             guard.pre_action(agent(f"a{index}"), "calendar", "spot", "park", confidence)
         space.set_clock(T0 + max(boundary, max(t for _, t in claims)))
         active = intents_on(space, "calendar", "spot")
-        verdicts = guard.resolve_deferred("calendar", "spot")
+        verdicts = verdicts_of(guard.resolve_deferred("calendar", "spot"))
         assert set(verdicts) == {i.agent_id for i in active}
         if not active:
             assert verdicts == {}
@@ -561,14 +566,14 @@ def test_p15_p17_deferred_mutual_exclusion_and_fidelity(make_space, policy, clai
         winner = winning_intent(active, policy)
         assert verdicts[winner.agent_id] is Verdict.ALLOW
         # the same boundary state gives the same answer (P11)
-        assert guard.resolve_deferred("calendar", "spot") == verdicts
+        assert verdicts_of(guard.resolve_deferred("calendar", "spot")) == verdicts
 
 
 def test_deferred_first_writer_and_yield_all(make_space):
     """§6.2.2: deferred FIRST_WRITER picks the earliest; deferred YIELD_ALL blocks all and
     files Needs (P17 allows at most one ALLOW: here none)."""
     _, guard, agents = deferred_setup(make_space, [0.1, 0.9], ConflictPolicy.FIRST_WRITER)
-    assert guard.resolve_deferred("calendar", "spot")[agents[0].id] is Verdict.ALLOW
+    assert verdicts_of(guard.resolve_deferred("calendar", "spot"))[agents[0].id] is Verdict.ALLOW
     space, guard, agents = deferred_setup(make_space, [0.1, 0.9], ConflictPolicy.YIELD_ALL)
     decisions = guard.resolve_deferred_decisions("calendar", "spot")
     assert {d.verdict for d in decisions.values()} == {Verdict.BLOCKED}
@@ -579,7 +584,7 @@ def test_deferred_first_writer_and_yield_all(make_space):
 def test_deferred_single_claimant_is_allowed(make_space):
     """P17 with N = 1: the only claimant wins (also under YIELD_ALL: no conflict)."""
     _, guard, [only] = deferred_setup(make_space, [0.4], ConflictPolicy.YIELD_ALL)
-    assert guard.resolve_deferred("calendar", "spot") == {only.id: Verdict.ALLOW}
+    assert verdicts_of(guard.resolve_deferred("calendar", "spot")) == {only.id: Verdict.ALLOW}
 
 
 def test_p16_resolve_all_deferred_reaches_every_pending_resource(make_space):
@@ -604,7 +609,7 @@ def test_deferred_boundary_respects_an_existing_action(make_space):
     is allowed."""
     space, guard, (a, b) = deferred_setup(make_space, [0.2, 0.9])
     space.write(a, Action(scope="calendar", resource="spot", action="parked"))
-    assert guard.resolve_deferred("calendar", "spot") == {
+    assert verdicts_of(guard.resolve_deferred("calendar", "spot")) == {
         a.id: Verdict.ALLOW,
         b.id: Verdict.BLOCKED,
     }
@@ -614,7 +619,7 @@ def twin(space):
     """The same space as another process would see it: the object itself in memory (one
     process), a second object on the same database and space name on Postgres."""
     if isinstance(space, PostgresMarkSpace):
-        return PostgresMarkSpace(space.dsn, scopes=space.registered_scopes(), clock=space.now,
+        return PostgresMarkSpace(dsn=space.dsn, scopes=space.registered_scopes(), clock=space.now,
                                  space=space.space)
     return space
 
@@ -624,7 +629,7 @@ def test_p16_deferred_verdicts_are_shared_by_every_guard_on_the_space(make_space
     not run the boundary (another process, another task) lets the winner act and tells each
     loser it lost, and to whom (§6.2.3 verdict delivery, P38)."""
     space, boundary_guard, (a, b, c) = deferred_setup(make_space, [0.5, 0.95, 0.7])
-    assert boundary_guard.resolve_deferred("calendar", "spot")[b.id] is Verdict.ALLOW
+    assert verdicts_of(boundary_guard.resolve_deferred("calendar", "spot"))[b.id] is Verdict.ALLOW
     with contextlib.closing(twin(space)) as elsewhere:
         guard = Guard(elsewhere)
         lost = guard.pre_action(a, "calendar", "spot", "park", 0.5)
@@ -645,14 +650,14 @@ def test_p17_a_later_boundary_supersedes_an_earlier_grant_in_every_guard(make_sp
     C. X must not still let B act (two ALLOWs, two actions on one exclusive resource):
     only C acts, through either guard."""
     space, guard_x, (a, b) = deferred_setup(make_space, [0.5, 0.9])
-    assert guard_x.resolve_deferred("calendar", "spot")[b.id] is Verdict.ALLOW
+    assert guard_x.resolve_deferred("calendar", "spot")[b.id].verdict is Verdict.ALLOW
     with contextlib.closing(twin(space)) as elsewhere:
         guard_y = Guard(elsewhere)
         c = agent("late")
         assert guard_y.pre_action(c, "calendar", "spot", "park", 1.0).verdict is (
             Verdict.BLOCKED
         )
-        assert guard_y.resolve_deferred("calendar", "spot") == {
+        assert verdicts_of(guard_y.resolve_deferred("calendar", "spot")) == {
             a.id: Verdict.BLOCKED, b.id: Verdict.BLOCKED, c.id: Verdict.ALLOW,
         }
         stale = guard_x.pre_action(b, "calendar", "spot", "park", 0.9)
@@ -671,7 +676,7 @@ def test_deferred_grant_is_consumed_by_the_winners_action(make_space):
     """§6.2.1: an ALLOW is used once. The stored verdict records the action that consumed
     it, and the winner's next plan on the resource waits for the next boundary."""
     space, guard, (a, b) = deferred_setup(make_space, [0.3, 0.8])
-    guard.resolve_deferred("calendar", "spot")
+    verdicts_of(guard.resolve_deferred("calendar", "spot"))
     granted = space.deferred_verdict("calendar", "spot", b.id)
     assert granted.allowed and granted.consumed_by is None
     decision = guard.pre_action(b, "calendar", "spot", "park", 0.8)
@@ -687,7 +692,7 @@ def test_deferred_verdicts_expire_with_their_intents(make_space):
     """§2.2, P13: a verdict lasts as long as the intent it is about; past the TTL it is gone
     and the agent's next intent waits for a new boundary."""
     space, guard, (a, b) = deferred_setup(make_space, [0.3, 0.8])
-    guard.resolve_deferred("calendar", "spot")
+    verdicts_of(guard.resolve_deferred("calendar", "spot"))
     stored = space.deferred_verdict("calendar", "spot", b.id)
     assert stored.expires_at == space.get(stored.intent_id).created_at + TTL
     space.set_clock(stored.expires_at)

@@ -64,7 +64,7 @@ SCOPES = [
 def race(dsn: str, space_name: str, worker: int, barrier: Any, results: Any) -> None:
     """One racing process (spawned: builds everything it uses itself)."""
     try:
-        space = PostgresMarkSpace(dsn, scopes=SCOPES, clock=None, space=space_name)
+        space = PostgresMarkSpace(dsn=dsn, scopes=SCOPES, clock=None, space=space_name)
         guard = Guard(space)
         grants = {scope.name: ["intent", "action"] for scope in SCOPES}
         agents = [Agent(name=f"w{worker}-a{k}", scopes=grants) for k in range(AGENTS_PER_WORKER)]
@@ -78,8 +78,8 @@ def race(dsn: str, space_name: str, worker: int, barrier: Any, results: Any) -> 
             decisions.append((scope, resource, str(agent.id), decision.verdict.value,
                               str(decision.intent_id) if decision.intent_id else None))
         boundaries = [
-            (resource, {str(a): v.value for a, v in guard.resolve_deferred("parking",
-                                                                            resource).items()})
+            (resource, {str(a): v.verdict.value
+                        for a, v in guard.resolve_deferred("parking", resource).items()})
             for resource in RESOURCES
         ]
         space.close()
@@ -131,7 +131,7 @@ def test_processes_racing_pre_action_never_break_the_rules(module_dsn: str,
     order: an agent already let through stays the only one."""
     space_name = f"race_{uuid.uuid4().hex}"
     if ahead:
-        fast = PostgresMarkSpace(module_dsn, scopes=SCOPES, clock=time.time() + ahead,
+        fast = PostgresMarkSpace(dsn=module_dsn, scopes=SCOPES, clock=time.time() + ahead,
                                  space=space_name)
         with fast:
             fast.write(Agent(name="fast-clock", scopes={"rooms": ["observation"]}),
@@ -140,7 +140,7 @@ def test_processes_racing_pre_action_never_break_the_rules(module_dsn: str,
     total = WORKERS * AGENTS_PER_WORKER
     assert len(decisions) == total * len(SCOPES) * len(RESOURCES)
 
-    with PostgresMarkSpace(module_dsn, scopes=SCOPES, clock=None, space=space_name) as space:
+    with PostgresMarkSpace(dsn=module_dsn, scopes=SCOPES, clock=None, space=space_name) as space:
         for scope in ("rooms", "desks", "parking"):
             for resource in RESOURCES:
                 mine = [d for d in decisions if d[:2] == (scope, resource)]
@@ -168,7 +168,7 @@ def test_processes_racing_pre_action_never_break_the_rules(module_dsn: str,
         for resource in RESOURCES:
             intents = space.read("parking", resource=resource, mark_type=MarkType.INTENT)
             winner = min(intents, key=lambda i: (-i.confidence, i.created_at, i.id))
-            outcome = guard.resolve_deferred("parking", resource)
+            outcome = {a: d.verdict for a, d in guard.resolve_deferred("parking", resource).items()}
             assert len(outcome) == total
             assert [a for a, v in outcome.items() if v is Verdict.ALLOW] == [winner.agent_id]
             assert max(i.confidence for i in intents) == winner.confidence

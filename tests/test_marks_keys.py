@@ -139,7 +139,7 @@ from agentpost.marks.postgres import PostgresMarkSpace
 
 scope = Scope(name="calendar", allowed_intent_verbs=("book",), allowed_action_verbs=("booked",))
 alice = Agent(id="{agent_id}", name="alice", scopes={{"calendar": ["intent", "action"]}})
-space = PostgresMarkSpace(sys.argv[1], scopes=[scope], space="crash")
+space = PostgresMarkSpace(dsn=sys.argv[1], scopes=[scope], space="crash")
 
 def tool():
     print("tool ran", flush=True)
@@ -157,7 +157,7 @@ def test_a_killed_process_leaves_an_unsettled_call(dsn: str) -> None:
     proc = subprocess.run([sys.executable, "-c", script, dsn], capture_output=True, text=True,
                           timeout=60, check=False)
     assert proc.returncode == 9 and "tool ran" in proc.stdout, proc.stderr
-    with PostgresMarkSpace(dsn, scopes=[CALENDAR], space="crash") as space:
+    with PostgresMarkSpace(dsn=dsn, scopes=[CALENDAR], space="crash") as space:
         assert not space.read("calendar", resource="room-101")  # rolled back with the crash
         tool = Tool()
         with pytest.raises(UnsettledCall, match="af/t/run"):
@@ -181,7 +181,7 @@ def test_a_person_releases_an_unsettled_key_from_the_cli(dsn: str,
     assert '"mark_id": null' in shown and '"kind": "execute"' in shown, shown
     assert main(["--dsn", dsn, "mark-key", "release", "af/t/run", "--space", "crash"]) == 0
     assert '"released": true' in capsys.readouterr().out
-    with PostgresMarkSpace(dsn, scopes=[CALENDAR], space="crash") as space:
+    with PostgresMarkSpace(dsn=dsn, scopes=[CALENDAR], space="crash") as space:
         tool = Tool()
         decision, _, replayed = Guard(space).execute_once("af/t/run", ALICE, "calendar",
                                                           "room-101", "book", "booked", tool)

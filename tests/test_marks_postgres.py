@@ -72,7 +72,7 @@ def space_name() -> str:
 
 @pytest.fixture
 def space(dsn: str) -> Iterator[PostgresMarkSpace]:
-    with PostgresMarkSpace(dsn, scopes=[CAL, NEWS], clock=T0, space=space_name()) as s:
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL, NEWS], clock=T0, space=space_name()) as s:
         yield s
 
 
@@ -99,13 +99,13 @@ def test_marks_outlive_the_object_that_wrote_them(dsn: str) -> None:
     """A new object on the same space sees exactly what was stored, field for field, with
     the same strengths; nothing is kept in the writing object."""
     name = space_name()
-    with PostgresMarkSpace(dsn, scopes=[CAL], clock=T0, space=name) as first:
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL], clock=T0, space=name) as first:
         ids = some_marks(first)
         before = first.all_marks()
         strengths = [first.strength_of(m) for m in before]
         first.set_clock(T0 + 900)
         later = [first.strength_of(m) for m in before]
-    with PostgresMarkSpace(dsn, scopes=[CAL], clock=T0, space=name) as second:
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL], clock=T0, space=name) as second:
         assert [m.id for m in second.all_marks()] == ids
         assert second.all_marks() == before
         assert [second.get(i) for i in ids] == before
@@ -116,7 +116,7 @@ def test_marks_outlive_the_object_that_wrote_them(dsn: str) -> None:
 
 
 def _write_from_another_process(dsn: str, name: str, count: int, out: Any) -> None:
-    with PostgresMarkSpace(dsn, scopes=[CAL], clock=T0 + 5, space=name) as space:
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL], clock=T0 + 5, space=name) as space:
         ids = [space.write(WRITER, Observation(scope="cal", topic="far", content={"i": i}))
                for i in range(count)]
     out.put([str(i) for i in ids])
@@ -126,7 +126,7 @@ def test_marks_and_queues_are_shared_across_processes(dsn: str) -> None:
     """A spawned process (its own pool, scopes and clock) writes; this one reads the marks,
     and a subscription made here before gets them queued, in write order, once."""
     name = space_name()
-    with PostgresMarkSpace(dsn, scopes=[CAL], clock=T0, space=name) as here:
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL], clock=T0, space=name) as here:
         here.subscribe(READER, [WatchPattern(scope="cal", topic="far")])
         ctx = multiprocessing.get_context("spawn")
         out = ctx.Queue()
@@ -136,7 +136,7 @@ def test_marks_and_queues_are_shared_across_processes(dsn: str) -> None:
         proc.join(timeout=60)
         assert proc.exitcode == 0
         assert {m.id for m in here.read("cal", topic="far")} == set(ids)
-    with PostgresMarkSpace(dsn, scopes=[CAL], space=name) as poller:  # yet another object
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL], space=name) as poller:  # yet another object
         assert [m.id for m in poller.get_watched_marks(READER, clear=False)] == ids
         assert [m.id for m in poller.get_watched_marks(READER)] == ids
         assert poller.get_watched_marks(READER) == []
@@ -146,8 +146,8 @@ def test_created_at_never_goes_back_whatever_the_writer_s_clock(dsn: str) -> Non
     """P32 across objects (processes): a writer whose clock is behind the latest mark in the
     space stamps that mark's time, not its own."""
     name = space_name()
-    with PostgresMarkSpace(dsn, scopes=[CAL], clock=T0 + 100, space=name) as ahead, \
-            PostgresMarkSpace(dsn, scopes=[CAL], clock=T0, space=name) as behind:
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL], clock=T0 + 100, space=name) as ahead, \
+            PostgresMarkSpace(dsn=dsn, scopes=[CAL], clock=T0, space=name) as behind:
         first = ahead.get(ahead.write(WRITER, Intent(scope="cal", resource="a", action="x")))
         second = behind.get(behind.write(WRITER, Intent(scope="cal", resource="b", action="x")))
         assert first is not None and second is not None
@@ -163,8 +163,8 @@ def test_decay_is_fixed_when_the_mark_is_written(dsn: str) -> None:
     name = space_name()
     short = Scope(name="cal", decay=DecayConfig(intent_ttl=10.0, observation_half_life=10.0))
     long = Scope(name="cal", decay=DecayConfig(intent_ttl=1000.0, observation_half_life=1e4))
-    with PostgresMarkSpace(dsn, scopes=[short], clock=T0, space=name) as writer, \
-            PostgresMarkSpace(dsn, scopes=[long], clock=T0 + 20, space=name) as reader:
+    with PostgresMarkSpace(dsn=dsn, scopes=[short], clock=T0, space=name) as writer, \
+            PostgresMarkSpace(dsn=dsn, scopes=[long], clock=T0 + 20, space=name) as reader:
         intent = writer.write(WRITER, Intent(scope="cal", resource="r", action="x"))
         obs = writer.write(WRITER, Observation(scope="cal", topic="t"))
         assert reader.read("cal", resource="r") == []
@@ -177,8 +177,8 @@ def test_decay_is_fixed_when_the_mark_is_written(dsn: str) -> None:
 
 def test_spaces_in_one_database_never_see_each_other(dsn: str) -> None:
     """Same scopes, same resources, ids that point across: nothing crosses a space."""
-    with PostgresMarkSpace(dsn, scopes=[CAL], clock=T0, space=space_name()) as a, \
-            PostgresMarkSpace(dsn, scopes=[CAL], clock=T0, space=space_name()) as b:
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL], clock=T0, space=space_name()) as a, \
+            PostgresMarkSpace(dsn=dsn, scopes=[CAL], clock=T0, space=space_name()) as b:
         a.subscribe(READER, [WatchPattern(scope="cal")])
         ids_a = some_marks(a)
         obs_a = ids_a[2]
@@ -214,7 +214,7 @@ def test_constructing_a_space_does_no_io() -> None:
     built at once; the first call that needs the database fails with a typed error."""
     dsn = "postgresql://nobody@127.0.0.1:1/nothing?connect_timeout=2"
     started = time.perf_counter()
-    spaces = [PostgresMarkSpace(dsn, scopes=[CAL], space=f"s{i}") for i in range(2000)]
+    spaces = [PostgresMarkSpace(dsn=dsn, scopes=[CAL], space=f"s{i}") for i in range(2000)]
     assert time.perf_counter() - started < 2.0
     with pytest.raises(StoreUnavailable):
         spaces[0].read("cal", resource="r")
@@ -228,7 +228,7 @@ def test_spaces_share_one_pool_per_database(dsn: str) -> None:
     dbname = query(dsn, "SELECT current_database()")[0][0]
     count = ("SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
              " AND application_name = 'agentpost'")
-    spaces = [PostgresMarkSpace(dsn, scopes=[CAL], clock=T0, space=space_name())
+    spaces = [PostgresMarkSpace(dsn=dsn, scopes=[CAL], clock=T0, space=space_name())
               for _ in range(50)]
     assert query(dsn, count, (dbname,)) == [(0,)]
     for s in spaces:
@@ -259,7 +259,7 @@ def test_a_role_that_can_create_nothing_runs_every_operation(dsn: str) -> None:
         limited = make_dsn(libpq_dsn(dsn), user=role)
         with pytest.raises(psycopg2.errors.InsufficientPrivilege):
             query(limited, "CREATE TABLE agentpost.x (i int)")
-        with PostgresMarkSpace(limited, scopes=[CAL], clock=T0, space=space_name()) as s:
+        with PostgresMarkSpace(dsn=limited, scopes=[CAL], clock=T0, space=space_name()) as s:
             s.subscribe(READER, [WatchPattern(scope="cal")])
             ids = some_marks(s)
             assert len(s.read("cal", topic="t")) == 2
@@ -330,7 +330,7 @@ def test_strength_computed_in_sql_equals_the_core_functions(
     own DecayConfig; 0 once superseded. Extreme ages and strengths included: where IEEE
     arithmetic underflows, SQL must give 0 (or a denormal), not an error."""
     scope = Scope(name="cal", decay=decay)
-    with PostgresMarkSpace(module_dsn, scopes=[scope], clock=T0, space=space_name()) as space:
+    with PostgresMarkSpace(dsn=module_dsn, scopes=[scope], clock=T0, space=space_name()) as space:
         target_id = space.write(WRITER, target)
         live = []
         for strength, dropped, when in warnings:
@@ -405,7 +405,7 @@ def test_sql_decay_never_fails_on_any_float(
 def test_warnings_too_strong_to_add_up_saturate_instead_of_failing(dsn: str) -> None:
     """Two warnings of strength 1e308 on one mark: Python's sum is inf and the mark is at
     0; the SQL sum must say the same, not raise an overflow error on every read."""
-    with PostgresMarkSpace(dsn, scopes=[CAL], clock=T0, space=space_name()) as space:
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL], clock=T0, space=space_name()) as space:
         target = space.write(WRITER, Action(scope="cal", resource="r", action="x",
                                             initial_strength=1.7e308))
         for _ in range(2):
@@ -430,7 +430,7 @@ def test_the_index_prunes_nothing_a_read_should_return(dsn: str) -> None:
     age == ttl, an observation right around 1e-6) the result is what core computes."""
     decay = DecayConfig(intent_ttl=30.0, observation_half_life=1.0)
     scope = Scope(name="cal", decay=decay)
-    with PostgresMarkSpace(dsn, scopes=[scope], clock=T0, space=space_name()) as space:
+    with PostgresMarkSpace(dsn=dsn, scopes=[scope], clock=T0, space=space_name()) as space:
         intent = space.get(space.write(WRITER, Intent(scope="cal", resource="r", action="x")))
         obs = space.get(space.write(WRITER, Observation(scope="cal", topic="t")))
         for now in (T0 + 30.0, math.nextafter(T0 + 30.0, math.inf), T0 + 31):
@@ -506,7 +506,7 @@ def _claim_resources(dsn: str, name: str, resources: list[str], seed: int, out: 
     order = list(resources)
     random.Random(seed).shuffle(order)
     claimed = 0
-    with PostgresMarkSpace(dsn, scopes=[CAL], space=name) as space:
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL], space=name) as space:
         for resource in order:
             with space.lock("cal", resource):
                 if not space.read("cal", resource=resource, mark_type=MarkType.ACTION):
@@ -532,7 +532,7 @@ def test_lock_serializes_read_check_write_across_processes(dsn: str) -> None:
         p.join(timeout=60)
         assert p.exitcode == 0
     assert sum(claimed) == len(resources)
-    with PostgresMarkSpace(dsn, scopes=[CAL], space=name) as space:
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL], space=name) as space:
         assert sorted(m.resource for m in space.all_marks()) == sorted(resources)
 
 
@@ -540,8 +540,8 @@ def test_lock_blocks_the_same_key_only(dsn: str) -> None:
     """Another connection (object, process) waits for the same (scope, resource) until the
     holder's transaction ends; a different resource does not wait."""
     name = space_name()
-    with PostgresMarkSpace(dsn, scopes=[CAL], clock=T0, space=name) as holder, \
-            PostgresMarkSpace(dsn, scopes=[CAL], clock=T0, space=name,
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL], clock=T0, space=name) as holder, \
+            PostgresMarkSpace(dsn=dsn, scopes=[CAL], clock=T0, space=name,
                               pool_size=2) as other:
         same, different = threading.Event(), threading.Event()
 
@@ -600,7 +600,7 @@ def test_a_deadlock_between_locks_is_a_typed_error_and_undoes_the_block(dsn: str
     the victim gets a StoreError (even if it swallows it inside the block, leaving the block
     raises, since its transaction is gone), and the other completes."""
     name = space_name()
-    with PostgresMarkSpace(dsn, scopes=[CAL], clock=T0, space=name) as space:
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL], clock=T0, space=name) as space:
         both_in = threading.Barrier(2)
         outcomes: dict[str, object] = {}
 
@@ -655,7 +655,7 @@ def test_reads_write_nothing(dsn: str) -> None:
     """P28 at the database: with every session read-only, all reading operations still
     work and return what they did before, and a write fails with a typed error."""
     name = space_name()
-    with PostgresMarkSpace(dsn, scopes=[CAL, NEWS], clock=T0, space=name) as space:
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL, NEWS], clock=T0, space=name) as space:
         space.subscribe(READER, [WatchPattern(scope="cal")])
         ids = some_marks(space)
         before = query(dsn, "SELECT xmin::text, * FROM agentpost.marks ORDER BY seq")
@@ -664,7 +664,7 @@ def test_reads_write_nothing(dsn: str) -> None:
     try:
         rows(admin, f'ALTER DATABASE "{dbname}" SET default_transaction_read_only = on')
         readonly = make_dsn(libpq_dsn(dsn), application_name="agentpost-ro")
-        with PostgresMarkSpace(readonly, scopes=[CAL, NEWS], clock=T0 + 60,
+        with PostgresMarkSpace(dsn=readonly, scopes=[CAL, NEWS], clock=T0 + 60,
                                space=name) as space:
             assert len(space.read("cal", topic="t")) == 2
             assert space.read("news", reader=READER) == []
@@ -700,9 +700,9 @@ def test_concurrent_polls_hand_out_each_mark_once(dsn: str) -> None:
     """P51 across pollers: threads on separate objects poll one agent's queue while marks
     are written; together they get every mark exactly once, each poll in write order."""
     name = space_name()
-    with PostgresMarkSpace(dsn, scopes=[CAL], clock=T0, space=name) as writer:
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL], clock=T0, space=name) as writer:
         writer.subscribe(READER, [WatchPattern(scope="cal")])
-        pollers = [PostgresMarkSpace(dsn, scopes=[CAL], space=name) for _ in range(3)]
+        pollers = [PostgresMarkSpace(dsn=dsn, scopes=[CAL], space=name) for _ in range(3)]
         done = threading.Event()
         got: list[list[Any]] = [[] for _ in pollers]
 
@@ -734,7 +734,7 @@ def test_concurrent_polls_hand_out_each_mark_once(dsn: str) -> None:
 
 def test_without_the_schema_the_error_says_so(empty_dsn: str) -> None:
     """Database errors never leak: an unmigrated database is a ConfigurationError."""
-    with PostgresMarkSpace(empty_dsn, scopes=[CAL], space=space_name()) as space:
+    with PostgresMarkSpace(dsn=empty_dsn, scopes=[CAL], space=space_name()) as space:
         with pytest.raises(ConfigurationError, match="migrate"):
             space.read("cal", resource="r")
         with pytest.raises(ConfigurationError):

@@ -540,7 +540,7 @@ def test_p12_progress(new_space, confidences, policy, deferred) -> None:
             verdicts.append(decision.verdict)
         if deferred:
             assert set(verdicts) == {Verdict.BLOCKED}
-            outcome = guard.resolve_deferred("cal", "r")
+            outcome = {a: d.verdict for a, d in guard.resolve_deferred("cal", "r").items()}
             allowed = [a for a, v in outcome.items() if v is Verdict.ALLOW]
         else:
             allowed = [AGENTS[i].id for i, v in enumerate(verdicts) if v is Verdict.ALLOW]
@@ -611,7 +611,7 @@ def test_p14_deferred_completeness(new_space, stale, live) -> None:
             decision = guard.pre_action(agent, "cal", "r", "book", confidence)
             active[agent.id] = decision.intent_id
         at(space, boundary)
-        outcome = guard.resolve_deferred("cal", "r")
+        outcome = {a: d.verdict for a, d in guard.resolve_deferred("cal", "r").items()}
         assert set(outcome) == set(active)
         intents = [space.get(i) for i in active.values()]
         winner = expected_winner(intents, ConflictPolicy.HIGHEST_CONFIDENCE)
@@ -633,7 +633,7 @@ def test_p15_deferred_priority_fidelity(new_space, confidences, data) -> None:
             at(space, float(step))
             guard.pre_action(AGENTS[index], "cal", "r", "book", confidences[index])
             arrival[AGENTS[index].id] = step
-        outcome = guard.resolve_deferred("cal", "r")
+        outcome = {a: d.verdict for a, d in guard.resolve_deferred("cal", "r").items()}
         top = max(confidences)
         expected = min((arrival[AGENTS[i].id], AGENTS[i].id)
                        for i, c in enumerate(confidences) if c == top)[1]
@@ -684,7 +684,7 @@ def test_p17_deferred_mutual_exclusion(new_space, confidences, policy, boundarie
             assert decision.reason
         winners = set()
         for _ in range(boundaries):
-            outcome = guard.resolve_deferred("cal", "r")
+            outcome = {a: d.verdict for a, d in guard.resolve_deferred("cal", "r").items()}
             verdicts = sorted(outcome.values())
             assert len(outcome) == len(confidences)
             assert verdicts.count(Verdict.ALLOW) == 1
@@ -711,7 +711,7 @@ def test_p18_deferred_inclusion(new_space, others, last) -> None:
             written.append(guard.pre_action(AGENTS[i], "cal", "r", "book", confidence))
         at(space, boundary)
         written.append(guard.pre_action(AGENTS[5], "cal", "r", "book", last))
-        outcome = guard.resolve_deferred("cal", "r")
+        outcome = {a: d.verdict for a, d in guard.resolve_deferred("cal", "r").items()}
         assert set(outcome) == {AGENTS[i].id for i in range(len(others))} | {AGENTS[5].id}
         intents = [space.get(d.intent_id) for d in written]
         winner = expected_winner(intents, ConflictPolicy.HIGHEST_CONFIDENCE)
@@ -1054,8 +1054,8 @@ def test_p30_mark_immutability(new_space, mark) -> None:
                     value["x"] = 1
         copy = stored.model_dump()
         space.write(WRITER, Warning(scope="cal", topic="t", invalidates=stored.id))
-        if isinstance(stored, Need):
-            space.resolve(stored.id, uuid.uuid4())
+        if isinstance(stored, Need):  # resolved by a stored action (the package requires one)
+            space.resolve(stored.id, space.write(WRITER, Action(scope="cal", action="booked")))
         space.write(WRITER, mark.model_copy(update={"supersedes": stored.id}))
         at(space, hours(24 * 365))
         assert space.get(stored.id).model_dump() == copy
@@ -1393,7 +1393,7 @@ def test_p39_action_precedence(new_space, policy, deferred, confidence, later,
             assert decision.winning_intent is not None
             assert decision.winning_intent.agent_id == AGENTS[0].id
         if deferred:
-            outcome = guard.resolve_deferred("cal", "r")
+            outcome = {a: d.verdict for a, d in guard.resolve_deferred("cal", "r").items()}
             assert Verdict.ALLOW not in outcome.values()
         free = guard.pre_action(AGENTS[2], "cal", "f", "book", confidence)
         expected = Verdict.BLOCKED if deferred else Verdict.ALLOW

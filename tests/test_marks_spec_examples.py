@@ -233,7 +233,7 @@ def test_spec_6_2_1_deferred_timeline(new_space: SpaceFactory) -> None:
         space.set_clock(T0 + step)
         decision = guard.pre_action(fleet[name], "parking", "R", "park", confidence)
         assert decision.verdict is Verdict.BLOCKED  # phase 1: advisory, no verdict yet
-    outcome = guard.resolve_deferred("parking", "R")
+    outcome = {a: d.verdict for a, d in guard.resolve_deferred("parking", "R").items()}
     assert outcome == {
         fleet["A"].id: Verdict.BLOCKED,
         fleet["B"].id: Verdict.ALLOW,

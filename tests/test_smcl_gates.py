@@ -16,6 +16,7 @@ from agentpost.commands_cli import register
 from agentpost.marks import (
     Action,
     Agent,
+    InvalidMark,
     MarkSpace,
     MarkspaceError,
     MarkType,
@@ -53,7 +54,7 @@ def world(store: EnvelopeStore) -> dict[str, str]:
 
 @pytest.fixture
 def space(dsn: str) -> Iterator[PostgresMarkSpace]:
-    marks = PostgresMarkSpace(dsn, scopes=[SCOPE], space="cmds")
+    marks = PostgresMarkSpace(dsn=dsn, scopes=[SCOPE], space="cmds")
     try:
         yield marks
     finally:
@@ -206,8 +207,8 @@ def test_a_declined_need_never_starts(ledger: CommandLedger, space: PostgresMark
 def test_bad_need_resolutions_change_nothing(store: EnvelopeStore, ledger: CommandLedger,
                                              space: PostgresMarkSpace,
                                              world: dict[str, str]) -> None:
-    """A failed resolving action, a result without a decision, another need's resolution:
-    clear errors, the command unchanged, the trail verifies."""
+    """A failed resolving action (refused by the space itself), a result without a decision,
+    another need's resolution: clear errors, the command unchanged, the trail verifies."""
     view = _book(ledger, "k")
     other = _book(ledger, "k2")
     count = len(_bodies(ledger, view.command_id))
@@ -218,9 +219,9 @@ def test_bad_need_resolutions_change_nothing(store: EnvelopeStore, ledger: Comma
     with pytest.raises(InvalidInput, match="decision"):
         ledger.confirm_from_need(view.command_id)
     failed = _book(ledger, "k3")
-    _resolve(space, failed.need_id, "confirm", failed=True)
-    with pytest.raises(InvalidInput, match="not a successful action"):
-        ledger.confirm_from_need(failed.command_id)
+    with pytest.raises(InvalidMark, match="failed"):  # the space refuses it (the package's rule)
+        _resolve(space, failed.need_id, "confirm", failed=True)
+    assert ledger.view(failed.command_id).state is S.CONFIRMATION_REQUIRED
     no_need = ledger.submit("plan", "k4", action="book", mutating=True, executor="w1")
     with pytest.raises(Conflict, match="no confirmation need"):
         ledger.confirm_from_need(no_need.command_id)

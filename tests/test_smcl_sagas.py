@@ -77,7 +77,7 @@ def runner(ledger: CommandLedger, world: World, sleeps: list[float]) -> SagaRunn
 
 @pytest.fixture
 def space(dsn: str) -> Iterator[PostgresMarkSpace]:
-    with PostgresMarkSpace(dsn, scopes=[Scope(name="sagas")], space="saga-tests") as space:
+    with PostgresMarkSpace(dsn=dsn, scopes=[Scope(name="sagas")], space="saga-tests") as space:
         yield space
 
 

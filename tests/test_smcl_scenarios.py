@@ -188,7 +188,7 @@ def run(store: EnvelopeStore, dsn: str) -> Iterator[Run]:
     store.create_workspace("coordinator", workspace_id="boss")
     store.create_workspace("planner", parent="boss", workspace_id="plan")
     store.create_workspace("worker", parent="boss", workspace_id="w1")
-    space = PostgresMarkSpace(dsn, scopes=[Scope(name="commands")], space="scenarios")
+    space = PostgresMarkSpace(dsn=dsn, scopes=[Scope(name="commands")], space="scenarios")
     try:
         with CommandLedger(store, marks=space, lease_ttl=LEASE_TTL) as ledger:
             yield Run(ledger, store, space, dsn)

@@ -147,16 +147,16 @@ def _marks(dsn: str) -> None:
     """A deferred conflict on lot/spot-1 (bob wins the boundary and acts), an immediate
     one on ops/db (alice acts, bob yields), an uncontested intent, and needs: two with one
     question (one resolved), one other (resolved), one open."""
-    with PostgresMarkSpace(dsn, scopes=SCOPES, space="main") as space:
+    with PostgresMarkSpace(dsn=dsn, scopes=SCOPES, space="main") as space:
         guard = Guard(space)
         guard.pre_action(ALICE, "lot", "spot-1", "park", 0.3)
         guard.pre_action(BOB, "lot", "spot-1", "park", 0.9)
         verdicts = guard.resolve_deferred("lot", "spot-1")
-        assert verdicts[BOB.id].value == "allow"
-        guard.post_action(BOB, "lot", "spot-1", "parked")
+        assert verdicts[BOB.id].verdict.value == "allow"
+        guard.post_action(BOB, "lot", "spot-1", "parked", {})
         guard.pre_action(ALICE, "ops", "db", "migrate")
         guard.pre_action(BOB, "ops", "db", "backup")
-        guard.post_action(ALICE, "ops", "db", "migrated")
+        guard.post_action(ALICE, "ops", "db", "migrated", {})
         guard.pre_action(ALICE, "ops", "cache", "flush")
         keys = space.write(ALICE, Need(scope="ops", question="Rotate the keys?", priority=0.5))
         space.write(BOB, Need(scope="ops", question="rotate  the KEYS", priority=0.7))
@@ -179,7 +179,7 @@ def _envelope_history(dsn: str) -> dict[str, UUID]:
                     for name, counts in plan.items() for b, n in enumerate(counts)
                     for i in range(n))
     t0 = PAST.start.timestamp()
-    with PostgresMarkSpace(dsn, scopes=SCOPES, space="history", clock=t0) as space:
+    with PostgresMarkSpace(dsn=dsn, scopes=SCOPES, space="history", clock=t0) as space:
         for offset, name in writes:
             space.set_clock(t0 + offset)
             space.write(agents[name], Observation(scope="ops", topic=name, content={}))
@@ -409,7 +409,7 @@ def _online_envelope(dsn: str) -> dict[str, bool]:
     restricted: dict[str, bool] = {}
     for agent, created_at in _rows(dsn, "SELECT agent_id::text, created_at FROM agentpost.marks"
                                         " WHERE space = 'history' ORDER BY seq"):
-        env.record_attempt(UUID(agent), "ops", "observation", created_at, topic=agent)
+        env.record_attempt(UUID(agent), "observation", scope="ops", at=created_at, topic=agent)
         verdict = env.evaluate(UUID(agent), created_at).verdict
         restricted[agent] = restricted.get(agent, False) or verdict is EnvelopeVerdict.RESTRICTED
     return restricted

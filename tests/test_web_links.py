@@ -187,7 +187,7 @@ def test_dag_test_writes_the_links_and_the_rest_api_serves_them(
 
     sent = [e.id for e in store.inbox("w1") if e.type == "directive"]
     mark_id = result["xcoms"]["need"]["return_value"]
-    with PostgresMarkSpace(dsn, scopes=TRIPS, space="trips") as marks:
+    with PostgresMarkSpace(dsn=dsn, scopes=TRIPS, space="trips") as marks:
         assert marks.get(UUID(mark_id)) is not None
     command_id = _only_command(dsn)
     expected = {

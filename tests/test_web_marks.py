@@ -55,7 +55,7 @@ BOB = Agent(name="bob", scopes={"ops": ALL, "lot": ALL})
 
 @pytest.fixture
 def space(module_dsn: str) -> Iterator[PostgresMarkSpace]:
-    with PostgresMarkSpace(module_dsn, scopes=SCOPES, clock=T0,
+    with PostgresMarkSpace(dsn=module_dsn, scopes=SCOPES, clock=T0,
                            space=f"web-{uuid.uuid4().hex[:8]}") as s:
         yield s
 
@@ -209,7 +209,8 @@ def test_intents_conflicts_and_verdicts(web: Any, space: PostgresMarkSpace) -> N
     guard.pre_action(ALICE, "lot", "spot-2", "park", 0.3)
     guard.pre_action(BOB, "lot", "spot-2", "park", 0.8)
     verdicts = guard.resolve_deferred("lot", "spot-2")
-    assert {a: v.value for a, v in verdicts.items()} == {ALICE.id: "blocked", BOB.id: "allow"}
+    assert {a: v.verdict.value for a, v in verdicts.items()} == {
+        ALICE.id: "blocked", BOB.id: "allow"}
     page = web.client("viewer").get(_url(space, scope="lot")).text
     intents = re.findall(r'<tr data-intent="[^"]+" data-resource="([^"]+)"( class="warn")?>'
                          r'.*?<td class="verdict">([^<]+)</td>', page, re.S)
@@ -230,9 +231,9 @@ def test_need_clusters_by_effective_priority(web: Any, space: PostgresMarkSpace)
     space.write(ALICE, Need(scope="ops", question="Restart the fleet?", priority=0.9))
     page = web.client("viewer").get(_url(space, scope="ops")).text
     shown = [float(p) for p in re.findall(r'<tr class="cluster" data-priority="([^"]+)"', page)]
-    expected = [c.effective_priority for c in space.aggregate_needs()]
-    assert shown == pytest.approx(expected) and len(shown) == 2
-    assert shown[1] == pytest.approx(0.6 + 0.1 * 0.6931471805599453)
+    # the page clusters by similar question (core.cluster_needs); aggregate_needs() groups a
+    # whole scope as the markspace package does, so the expected priorities are spelled out
+    assert shown == pytest.approx([0.9, 0.6 + 0.1 * 0.6931471805599453])
     assert "1 blocking" in page
     assert page.count('name="action_taken"') == 0  # a viewer gets no forms
     assert web.client("user").get(_url(space, scope="ops")).text.count(

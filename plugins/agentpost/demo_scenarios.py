@@ -220,7 +220,7 @@ class Demo:
         """Each agent contending in a deferred scope -> the resource it holds, or None."""
         from agentpost.marks.postgres import PostgresMarkSpace
 
-        space = PostgresMarkSpace(self.store.dsn, scopes=self.fleet.scopes,
+        space = PostgresMarkSpace(dsn=self.store.dsn, scopes=self.fleet.scopes,
                                   space=self.fleet.space)
         try:
             return {name: _holding(space, self.fleet, scope, name, resources)

@@ -21,7 +21,7 @@ def _space(args: argparse.Namespace) -> Any:
     from agentpost.store.bootstrap import ensure_database
 
     dsn = args.dsn or os.environ.get("AGENTPOST_DSN") or ensure_database(cli.DEFAULT_DATABASE)
-    return PostgresMarkSpace(dsn, space=args.space)
+    return PostgresMarkSpace(dsn=dsn, space=args.space)
 
 
 def cmd_mark_key(args: argparse.Namespace) -> int:

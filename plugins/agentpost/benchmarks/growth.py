@@ -302,7 +302,7 @@ def _deferred(side: Side, contested: int) -> float:
     from agentpost.benchmarks.marks import _deferred as resolve_all
     from agentpost.marks.postgres import PostgresMarkSpace
 
-    space = PostgresMarkSpace(side.dsn, scopes=SCOPES, space=f"growth-{uuid.uuid4().hex[:6]}")
+    space = PostgresMarkSpace(dsn=side.dsn, scopes=SCOPES, space=f"growth-{uuid.uuid4().hex[:6]}")
     try:
         return resolve_all(space, contested)
     finally:

@@ -199,7 +199,7 @@ def _postgres(dsn: str | None) -> Iterator[Callable[[str], Any]]:
         spaces: list[Any] = []
 
         def make(name: str) -> Any:
-            space = PostgresMarkSpace(bench_dsn, scopes=SCOPES, space=name)
+            space = PostgresMarkSpace(dsn=bench_dsn, scopes=SCOPES, space=name)
             spaces.append(space)
             return space
 

@@ -79,13 +79,14 @@ def run_boundary(dsn: str, fleet: Fleet, scopes: Iterable[str] | None = None,
 
     chosen = _chosen(fleet, scopes)
     # Only the chosen scopes are registered: resolve_all_deferred skips the others.
-    space = PostgresMarkSpace(dsn, scopes=chosen, space=fleet.space, pool_size=1)
+    space = PostgresMarkSpace(dsn=dsn, scopes=chosen, space=fleet.space, pool_size=1)
     try:
         guard = Guard(space)
         if resource is None:
             outcome = guard.resolve_all_deferred()
         else:
-            outcome = {(s.name, resource): guard.resolve_deferred(s.name, resource)
+            outcome = {(s.name, resource): {agent_id: decision.verdict for agent_id, decision
+                                            in guard.resolve_deferred(s.name, resource).items()}
                        for s in chosen}
     finally:
         space.close()

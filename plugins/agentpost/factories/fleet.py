@@ -204,7 +204,7 @@ def run_agent(fleet: Fleet, name: str, code: AgentCallable,
             except NotFound as exc:
                 raise NotFound(f"{exc} (apply the fleet first: agentpost fleet apply "
                                f"{fleet.source})") from None
-        space = PostgresMarkSpace(store.dsn, scopes=fleet.scopes, space=fleet.space,
+        space = PostgresMarkSpace(dsn=store.dsn, scopes=fleet.scopes, space=fleet.space,
                                   pool_size=1)
         try:
             ctx = AgentContext(store=store, space=space, guard=Guard(space),

@@ -16,7 +16,6 @@ Readings chosen where the spec leaves room:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from itertools import pairwise
 
 from agentpost.marks.core import (
@@ -27,6 +26,8 @@ from agentpost.marks.core import (
     WatchPattern,
     scope_covers,
 )
+from agentpost.marks.core import MarkType as MarkType
+from agentpost.marks.core import scope_contains as scope_contains
 
 
 def pattern_matches(pattern: WatchPattern, mark: Mark) -> bool:
@@ -49,7 +50,7 @@ def manifest_feeds(producer: AgentManifest, consumer: AgentManifest) -> bool:
     )
 
 
-def validate_pipeline(agents: Sequence[Agent]) -> list[str]:
+def validate_pipeline(agents: list[Agent]) -> list[str]:
     """Problems with the pipeline `agents[0] -> agents[1] -> ...`: an agent without a
     manifest, or a consecutive pair where no output of the first feeds an input of the
     second. Depends on the manifests only (P53)."""

@@ -4,9 +4,15 @@ The agent decides WHAT to do; the guard decides WHETHER it is allowed. `pre_acti
 writes the agent's intent, `post_action` records the result as an action mark, `execute` wraps
 a tool call in both and never calls the tool unless the verdict is ALLOW (P37). `write_mark` is
 the single enforcement boundary for the agent's own observations, warnings and needs (barrier,
-rate limit, envelope). The optional defence layers plug in here: the statistical envelope
-(`envelope.py`), absorbing barriers (`barrier.py`), token budgets (`budget.py`), scope rate
-limits (`rate_limit.py`) and telemetry (`telemetry.py`).
+rate limit, content policies, envelope). The optional defence layers plug in here: the
+statistical envelope (`envelope.py`), absorbing barriers (`barrier.py`), token budgets
+(`budget.py`), scope rate limits (`rate_limit.py`), content policies (Markspace §9.13,
+`ContentPolicy` here) and telemetry (`telemetry.py`).
+
+The public API is the markspace package's (`Guard(space, envelope, principal_token, telemetry,
+content_policies)`, `GuardVerdict`, `GuardDecision`, `resolve_deferred` returning decisions,
+...); our additions are keyword-only or extra methods, and our older names (`Verdict`,
+`barrier_for`, `resolve_deferred_decisions`) remain as deprecated aliases.
 
 The guard talks to the space only through the interface both backends share (`write`, `read`,
 `get`, `lock`, `now`, `get_scope`, `active_marks`, the deferred verdicts), and serializes every
@@ -18,8 +24,9 @@ Readings chosen where the spec leaves room (docs/design.md repeats them):
 - Order of the checks in `pre_action`: the scope must exist (else `UnknownScope` is raised:
   configuration, not a verdict); authorization for intents *and* actions in the scope (a tool
   call ends in an action mark, so an agent that may not write one is DENIED up front); the
-  intent verb; the token budget; the barrier (revoked type: DENIED; "require need": BLOCKED
-  with a Need for the principal); an active action of another agent on (scope, resource):
+  intent verb; the token budget; the barrier (a revoked intent *or action* type: DENIED; a
+  "require need" without an unresolved Need of the agent's own in the scope: DENIED, as in
+  the package); an active action of another agent on (scope, resource):
   CONFLICT (P39, also in deferred scopes); the scope's rate limit and the envelope: DENIED; then
   the intent is written and the conflict policy applied.
 - A CONFLICT caused by an action carries, as `winning_intent`, the intent that action
@@ -68,31 +75,60 @@ Readings chosen where the spec leaves room (docs/design.md repeats them):
   effort: a scope that refuses them (a warning topic not in its list, say) is reported to
   telemetry and does not change the agent's verdict.
 - Budgets: a stopped agent (lifetime usage >= total) is refused activation, tool calls
-  (DENIED) and writes (`BudgetExhausted`) until the principal raises its budget.
+  (DENIED) and writes (`BudgetExhausted`) until the principal raises its budget (on the
+  manifest or through `update_budget`). The package only refuses activation
+  (`check_budget_activation`); we keep the stricter reading of P61. Budget warning Needs go to
+  the `_system` scope (registered by the constructor, as in the package) unless
+  ``notice_scope`` names another.
+- Content policies (Markspace §9.13): observations written through `write_mark` only (P69),
+  after the barrier and the rate limit and before the envelope records the attempt, so a
+  REJECT is neither stored (P67) nor seen by the envelope or the barrier (P70); its rate-limit
+  slot stays used, as in the package. A FLAG stores the observation and one `_system` warning
+  (topic ``content-policy-flag``, every flag's reason, the observation's id) both or neither:
+  in one transaction on Postgres, the warning checked before anything is stored on both
+  backends (a `_system` that refuses it fails the write; the package would store the mark
+  alone). A policy's exception propagates (nothing stored); a result that is not a
+  `PolicyResult` raises `InvalidArgument`.
+- Where we keep a reading other than the package's: a repeated `pre_action` with the same
+  verb and confidence reuses the agent's intent (P36) where the package writes a second one
+  and may make the agent yield to itself; an action revoked by the barrier denies
+  `pre_action` (the package checks the intent type only).
 - Telemetry never affects an outcome (P57); every `write_mark` and `execute` emits one event
   (P58), accepted or not.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
-import secrets
 import threading
-from collections.abc import Callable, Iterable, Mapping
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
-from uuid import UUID, uuid5
+from typing import TYPE_CHECKING, Any
+from uuid import UUID, uuid4, uuid5
 
 from pydantic import BaseModel, ConfigDict
 
-from agentpost.marks.barrier import AgentBarrier
-from agentpost.marks.budget import BudgetDimension, BudgetStatus, BudgetTracker
+from agentpost.marks import core as _core
+from agentpost.marks.barrier import AgentBarrier, BarrierSnapshot
+from agentpost.marks.budget import (
+    BudgetDimension,
+    BudgetLedger,
+    BudgetStatus,
+    BudgetUsage,
+    TokenBudget,
+)
+from agentpost.marks.budget import BudgetTracker as BudgetTracker
 from agentpost.marks.budget import truncate_to_budget as _truncate
 from agentpost.marks.core import (
     Action,
     Agent,
     ConflictPolicy,
+    DecayConfig,
     DeferredVerdict,
     Intent,
     InvalidArgument,
@@ -101,16 +137,28 @@ from agentpost.marks.core import (
     MarkspaceError,
     MarkType,
     Need,
+    Observation,
     Scope,
     Severity,
     Warning,
+    authorize_write,
+    check_content_size,
     freeze_json,
     json_bytes,
+    revalidate,
     winning_intent,
 )
+from agentpost.marks.core import AnyMark as AnyMark
+from agentpost.marks.core import QuotaExceededError as QuotaExceededError
+from agentpost.marks.core import ScopeError as ScopeError
+from agentpost.marks.core import ValidationError as ValidationError
+from agentpost.marks.core import hours as hours
+from agentpost.marks.core import resolve_conflict as resolve_conflict
 from agentpost.marks.envelope import EnvelopeVerdict, Finding, StatisticalEnvelope
 from agentpost.marks.keys import KeyRecord, UnsettledCall, check_key, check_same
 from agentpost.marks.rate_limit import RateDecision, RateLimiter
+from agentpost.marks.rate_limit import RateLimitTracker as RateLimitTracker
+from agentpost.marks.space import MarkSpace as MarkSpace
 from agentpost.marks.telemetry import (
     ACTIVE_MARKS,
     BUDGET_REMAINING,
@@ -133,6 +181,14 @@ from agentpost.marks.telemetry import (
     NullSink,
     TelemetrySink,
 )
+from agentpost.marks.telemetry import TelemetryEvent as TelemetryEvent
+
+if TYPE_CHECKING:
+    from agentpost.marks.core import AnyMark
+    from agentpost.marks.space import MarkSpace
+
+#: the tool a guarded call runs (``tool_fn(*tool_args, **tool_kwargs)``)
+ToolFn = Callable[..., Any]
 
 #: reads of the guard count marks with effective strength at least this as active
 ACTIVE = 1e-6
@@ -141,13 +197,31 @@ SYSTEM_AGENT_ID = uuid5(UUID("6ba7b811-9dad-11d1-80b4-00c04fd430c8"), "agentpost
 SYSTEM_AGENT_NAME = "markspace-guard"
 SYSTEM_TYPES = (MarkType.WARNING, MarkType.NEED)
 SUPERSEDED_TOPIC = "superseded-action"
+#: the scope of the guard's content-policy flags (Markspace §9.13), registered when missing
+SYSTEM_SCOPE = "_system"
+#: its decay, as the package registers it: observations a day, warnings half a day, intents 1 h
+SYSTEM_DECAY = DecayConfig(
+    observation_half_life=24 * 3600.0, warning_half_life=12 * 3600.0, intent_ttl=3600.0
+)
+CONTENT_FLAG_TOPIC = "content-policy-flag"
+EVENT_CONTENT_POLICY = "markspace.content_policy"
+#: the lock key (resource) under which a flagged write and its warning share a transaction
+_FLAG_LOCK = "\x00content-policy-flag"
+#: the package's exception for writes a defence refuses (ours until core defines it)
+_ScopeError: type[MarkspaceError] = getattr(_core, "ScopeError", MarkspaceError)
 
 
-class Verdict(StrEnum):
+class GuardVerdict(StrEnum):
+    """The guard's verdict (Markspace §9.3), the package's enum and values."""
+
     ALLOW = "allow"
     CONFLICT = "conflict"
     BLOCKED = "blocked"
     DENIED = "denied"
+
+
+#: deprecated name of `GuardVerdict`
+Verdict = GuardVerdict
 
 
 class GuardCheck(StrEnum):
@@ -163,27 +237,72 @@ class GuardCheck(StrEnum):
     CLAIMED = "claimed"
     CONFLICT_POLICY = "conflict_policy"
     DEFERRED = "deferred"
+    CONTENT_POLICY = "content_policy"
 
 
-class GuardDecision(BaseModel):
+@dataclass
+class GuardDecision:
     """The guard's answer (§9.3), with enough context for the agent to choose an alternative
     (P38): CONFLICT carries ``winning_intent``; BLOCKED and DENIED carry a ``reason`` and the
-    ``check`` that decided."""
+    ``check`` that decided. The first five fields are the package's, in its order; ours
+    (``winning_action``, ``need_id``, ``check``) are keyword-only."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    verdict: Verdict
-    reason: str = ""
-    intent_id: UUID | None = None
+    verdict: GuardVerdict
+    reason: str
+    intent_id: uuid.UUID | None = None
     winning_intent: Intent | None = None
-    conflicting_intents: tuple[Intent, ...] = ()
-    winning_action: Action | None = None
-    need_id: UUID | None = None
-    check: GuardCheck | None = None
+    conflicting_intents: list[Intent] = field(default_factory=list)
+    winning_action: Action | None = field(default=None, kw_only=True)
+    need_id: UUID | None = field(default=None, kw_only=True)
+    check: GuardCheck | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        self.verdict = GuardVerdict(self.verdict)
+        self.conflicting_intents = list(self.conflicting_intents)
 
     @property
     def allowed(self) -> bool:
-        return self.verdict is Verdict.ALLOW
+        return self.verdict is GuardVerdict.ALLOW
+
+
+# --------------------------------------------------------------------------- content policies
+
+
+class PolicyVerdict(StrEnum):
+    """A content policy's verdict (Markspace §9.13), the package's values."""
+
+    ALLOW = "allow"
+    REWRITE = "rewrite"
+    REJECT = "reject"
+    FLAG = "flag"
+
+
+@dataclass
+class PolicyResult:
+    """One policy's outcome: ``content`` is the new content (REWRITE only), ``reason`` a
+    human-readable why, ``metadata`` anything for telemetry."""
+
+    verdict: PolicyVerdict
+    content: Any = None
+    reason: str | None = None
+    metadata: dict | None = None
+
+
+class ContentPolicy(ABC):
+    """Inspects an Observation's content before the guard stores it (Markspace §9.13).
+
+    Only observations written through `Guard.write_mark` are evaluated (P69). ``mark.content``
+    is any JSON value (a policy for text should ALLOW other content). Must be thread-safe:
+    several writes may be evaluated at once. Order cheap policies before expensive ones."""
+
+    @abstractmethod
+    def evaluate(self, agent: Agent, mark: Observation, scope: Scope) -> PolicyResult:
+        """The verdict on ``mark`` (as rewritten by the policies before this one)."""
+
+    @property
+    def name(self) -> str:
+        """The policy's name in telemetry and reasons."""
+        return type(self).__name__
 
 
 # --------------------------------------------------------------------------- errors
@@ -193,8 +312,9 @@ class GuardedMarkType(InvalidMark):
     """`write_mark` refuses intents and actions: they go through pre_action / post_action."""
 
 
-class WriteRejected(MarkspaceError, PermissionError):
-    """A defence layer refused an agent's write; nothing was stored (P42)."""
+class WriteRejected(_ScopeError, PermissionError):
+    """A defence layer refused an agent's write; nothing was stored (P42). A ScopeError, the
+    class the package raises for these refusals."""
 
     check: GuardCheck = GuardCheck.BARRIER
 
@@ -218,6 +338,16 @@ class RateLimited(WriteRejected):
 
 class BudgetExhausted(WriteRejected):
     check = GuardCheck.BUDGET
+
+
+class ContentPolicyError(WriteRejected):
+    """A content policy rejected an observation; nothing was stored (P67). Built like any
+    exception (the package's): ``ContentPolicyError(reason)``."""
+
+    check = GuardCheck.CONTENT_POLICY
+
+    def __init__(self, /, *args, **kwargs):
+        Exception.__init__(self, *args, **kwargs)
 
 
 _REJECTIONS: dict[GuardCheck, type[WriteRejected]] = {
@@ -248,6 +378,17 @@ class _Admission(BaseModel):
     reservation: RateDecision
 
 
+class _Screened(BaseModel):
+    """An observation after the content policies: the mark to store (maybe rewritten) and
+    the reasons of the FLAG verdicts (a warning to store with it)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    mark: Any
+    flags: tuple[str, ...] = ()
+    flagged_by: tuple[str, ...] = ()
+
+
 class _Board(BaseModel):
     """What is active on one (scope, resource), in write order."""
 
@@ -275,16 +416,17 @@ class Guard:
 
     def __init__(
         self,
-        space: Any,
-        *,
+        space: MarkSpace,
         envelope: StatisticalEnvelope | None = None,
+        principal_token: uuid.UUID | None = None,
+        telemetry: TelemetrySink | None = None,
+        content_policies: list[ContentPolicy] | None = None,
+        *,
         barriers: Mapping[UUID, AgentBarrier] | None = None,
         barrier_factory: Callable[[UUID], AgentBarrier] | None = None,
-        principal_token: str | None = None,
-        telemetry: TelemetrySink | None = None,
         system_agent: Agent | None = None,
         rate_limiter: RateLimiter | None = None,
-        budget_tracker: BudgetTracker | None = None,
+        budget_ledger: BudgetLedger | None = None,
         global_escalation_threshold: int = 3,
         notice_scope: str | None = None,
     ) -> None:
@@ -292,20 +434,22 @@ class Guard:
             raise ValueError("global_escalation_threshold must be >= 1")
         self.space = space
         self.envelope = envelope
-        self._principal_token = principal_token or secrets.token_urlsafe(32)
+        self._principal_token: UUID | str = principal_token or uuid4()
+        self._content_policies = _checked_policies(content_policies)
         self._barriers: dict[UUID, AgentBarrier] = dict(barriers or {})
         self._barrier_factory = barrier_factory or (
             lambda agent_id: AgentBarrier(agent_id, self._principal_token)
         )
         self.emitter = Emitter(telemetry if telemetry is not None else NullSink(), space.now)
         self.rate_limiter = rate_limiter or RateLimiter()
-        self.budgets = budget_tracker or BudgetTracker()
+        self.budgets = budget_ledger or BudgetLedger()
         self.global_escalation_threshold = global_escalation_threshold
         self.notice_scope = notice_scope
         self._fixed_system = system_agent
         self._system_grants: dict[str, tuple[MarkType, ...]] = {}
         self._system: Agent = system_agent or Agent(id=SYSTEM_AGENT_ID, name=SYSTEM_AGENT_NAME)
         self._lock = threading.RLock()
+        self._ensure_system_scope()
         if envelope is not None:
             envelope.exempt(self._system.id)
 
@@ -319,14 +463,39 @@ class Guard:
     def telemetry(self) -> TelemetrySink:
         return self.emitter.sink
 
-    def barrier_for(self, agent_id: UUID) -> AgentBarrier:
-        """The agent's barrier, created (clear) on first use."""
+    @property
+    def content_policies(self) -> tuple[ContentPolicy, ...]:
+        return self._content_policies
+
+    def get_or_create_barrier(self, agent_id: uuid.UUID) -> AgentBarrier:
+        """The agent's (mutable) barrier, created clear on first use."""
         with self._lock:
             barrier = self._barriers.get(agent_id)
             if barrier is None:
                 barrier = self._barrier_factory(agent_id)
                 self._barriers[agent_id] = barrier
             return barrier
+
+    barrier_for = get_or_create_barrier  # deprecated name
+
+    def get_barrier(self, agent_id: uuid.UUID) -> BarrierSnapshot | None:
+        """A frozen snapshot of the agent's barrier (None if it has none): inspecting it
+        cannot change the guard's state."""
+        with self._lock:
+            barrier = self._barriers.get(agent_id)
+        return None if barrier is None else barrier.snapshot()
+
+    def set_barrier(self, agent_id: uuid.UUID, barrier: AgentBarrier) -> None:
+        """Install a barrier for the agent (a principal's action)."""
+        if not isinstance(barrier, AgentBarrier):
+            raise InvalidArgument(f"expected an AgentBarrier, got {type(barrier).__name__}")
+        with self._lock:
+            self._barriers[agent_id] = barrier
+
+    def cleanup_locks(self) -> int:
+        """The package frees idle per-resource locks here; ours live in the space (an RLock
+        per key in memory, advisory locks on Postgres), so there is nothing to free: 0."""
+        return 0
 
     def exempt(self, agent_id: UUID) -> None:
         """Keep an infrastructure agent (a diagnostic probe, say) out of the envelope."""
@@ -341,7 +510,7 @@ class Guard:
         scope: str,
         resource: str,
         action: str,
-        confidence: float = 1.0,
+        confidence: float = 0.5,
     ) -> GuardDecision:
         """§9.2: check, write the agent's intent, resolve conflicts. Serialized per
         (scope, resource) through ``space.lock``."""
@@ -366,9 +535,6 @@ class Guard:
         refusal = self._authorize(agent, scope_def, proposed)
         if refusal is not None:
             return _denied(refusal)
-        blocked = self._need_gate(agent, proposed)
-        if blocked is not None:
-            return blocked
         board = self._board(proposed.scope, proposed.resource)
         claim = board.claim(exclude=agent.id)
         if claim is not None:
@@ -395,38 +561,13 @@ class Guard:
                         f"marks in scope {intent.scope!r}"
                     ),
                 )
-        if not scope_def.allows_intent_verb(intent.action):
+        if not _verb_allowed(scope_def.allowed_intent_verbs, intent.action):
             return _Refusal(
                 check=GuardCheck.VERB,
                 reason=f"intent verb {intent.action!r} is not allowed in scope {intent.scope!r}",
             )
         return self._budget_refusal(agent) or self._barrier_refusal(
             agent, intent.scope, (MarkType.INTENT, MarkType.ACTION)
-        )
-
-    def _need_gate(self, agent: Agent, intent: Intent) -> GuardDecision | None:
-        """BLOCKED while the barrier requires the principal's input before acting here."""
-        barrier = self._barriers.get(agent.id)
-        if barrier is None or not barrier.need_required(intent.scope):
-            return None
-        reason = (
-            f"agent {agent.name!r} must have the principal's approval before acting in scope "
-            f"{intent.scope!r} (barrier requires a need)"
-        )
-        need_id = self._ensure_need(
-            intent.scope,
-            question=f"Approve {agent.name!r} to {intent.action} {intent.resource!r}?",
-            context={
-                "kind": "approval_required",
-                "agent_id": str(agent.id),
-                "resource": intent.resource,
-                "action": intent.action,
-            },
-            priority=0.9,
-            blocking=True,
-        )
-        return GuardDecision(
-            verdict=Verdict.BLOCKED, reason=reason, need_id=need_id, check=GuardCheck.NEED_REQUIRED
         )
 
     def _claimed(self, claim: Action) -> GuardDecision:
@@ -599,17 +740,20 @@ class Guard:
 
     # ------------------------------------------------------------------ deferred resolution
 
-    def resolve_deferred(self, scope: str, resource: str) -> dict[UUID, Verdict]:
-        """A resolution boundary for (scope, resource) (§6.2, P14–P18): agent id -> verdict."""
-        decisions = self.resolve_deferred_decisions(scope, resource)
-        return {agent_id: decision.verdict for agent_id, decision in decisions.items()}
-
-    def resolve_deferred_decisions(self, scope: str, resource: str) -> dict[UUID, GuardDecision]:
-        """`resolve_deferred` with the full decision (reason, winning intent) per agent."""
+    def resolve_deferred(
+        self, scope: str, resource: str, agents: dict[uuid.UUID, Agent] | None = None
+    ) -> dict[uuid.UUID, GuardDecision]:
+        """A resolution boundary for (scope, resource) (§6.2, P14–P18): agent id -> decision.
+        With ``agents`` (id -> current Agent), an intent whose agent is missing, may no
+        longer write intents and actions there, or is barred by its barrier is DENIED at
+        the boundary and left out of the comparison."""
         scope_def = self.space.get_scope(scope)
         with self.space.lock(scope, resource):
             board = self._board(scope, resource)
-            decisions = self._batch(scope_def, board)
+            denied: dict[UUID, GuardDecision] = {}
+            if agents is not None:
+                board, denied = self._recheck(board, scope, agents)
+            decisions = {**denied, **self._batch(scope_def, board)}
             intents = board.intents
             self.space.record_verdicts(scope, resource, _verdicts(scope, resource, decisions))
         self.emitter.event(
@@ -621,6 +765,38 @@ class Guard:
         )
         return decisions
 
+    def resolve_deferred_decisions(self, scope: str, resource: str) -> dict[UUID, GuardDecision]:
+        """Deprecated: `resolve_deferred` returns the decisions now."""
+        return self.resolve_deferred(scope, resource)
+
+    def _recheck(
+        self, board: _Board, scope: str, agents: Mapping[UUID, Agent]
+    ) -> tuple[_Board, dict[UUID, GuardDecision]]:
+        """The board without the intents of agents no longer entitled to them, and a DENIED
+        decision for each such agent (its latest intent)."""
+        denied: dict[UUID, GuardDecision] = {}
+        for intent in board.intents:
+            if intent.agent_id is None or intent.agent_id in denied:
+                continue
+            reason = self._entitlement(agents.get(intent.agent_id), scope)
+            if reason is not None:
+                mine = board.own(intent.agent_id)
+                denied[intent.agent_id] = GuardDecision(
+                    GuardVerdict.DENIED, reason, mine.id if mine else intent.id,
+                    check=GuardCheck.AUTHORIZATION,
+                )
+        kept = tuple(i for i in board.intents if i.agent_id not in denied)
+        return board.model_copy(update={"intents": kept}), denied
+
+    def _entitlement(self, agent: Agent | None, scope: str) -> str | None:
+        """Why ``agent`` may not take part in a boundary on ``scope`` now, or None."""
+        if agent is None:
+            return "agent not known at the resolution boundary"
+        if not all(agent.can_write(scope, t) for t in (MarkType.INTENT, MarkType.ACTION)):
+            return f"agent {agent.name!r} may no longer write intents and actions in {scope!r}"
+        refusal = self._barrier_refusal(agent, scope, (MarkType.INTENT,))
+        return None if refusal is None else refusal.reason
+
     def resolve_all_deferred(self) -> dict[tuple[str, str], dict[UUID, Verdict]]:
         """A boundary for every deferred (scope, resource) with active intents, e.g. at the end
         of a scheduling round (P16: the harness calls this, so no intent waits for its TTL)."""
@@ -631,7 +807,10 @@ class Guard:
                 if isinstance(mark, Intent) and self._is_deferred(mark.scope)
             }
         )
-        return {key: self.resolve_deferred(*key) for key in pending}
+        return {
+            key: {agent_id: d.verdict for agent_id, d in self.resolve_deferred(*key).items()}
+            for key in pending
+        }
 
     def _is_deferred(self, scope: str) -> bool:
         with suppress(MarkspaceError):
@@ -720,15 +899,19 @@ class Guard:
         self,
         agent: Agent,
         scope: str,
-        resource: str | None,
+        resource: str,
         action: str,
-        result: Mapping[str, Any] | None = None,
-        intent_id: UUID | None = None,
+        result: Any,
+        intent_id: uuid.UUID | None = None,
+        *,
         failed: bool = False,
-    ) -> UUID:
+    ) -> uuid.UUID:
         """§9.2: record the outcome as an action mark that supersedes the intent; a race
-        with another agent's action is settled by §6.3 (the later action wins)."""
+        with another agent's action is settled by §6.3 (the later action wins). A result
+        that is not a JSON object is stored as `as_result` shapes it."""
         _require_agent(agent)
+        if not isinstance(result, Mapping):
+            result = as_result(result)
         lock_resource = resource if resource is not None else ""
         with self.space.lock(scope, lock_resource):
             return self._record_action(agent, scope, resource, action, result, intent_id, failed)
@@ -776,7 +959,7 @@ class Guard:
         if self.envelope is None:
             return
         self._register(agent)
-        self.envelope.record_attempt(agent.id, scope, mark_type, now)
+        self.envelope.record_attempt(agent.id, mark_type, scope=scope, at=now)
         self._respond(agent, self.envelope.evaluate(agent.id, now), scope)
 
     def _warn_superseded(self, earlier: Action, new_id: UUID, agent: Agent) -> None:
@@ -802,14 +985,18 @@ class Guard:
         resource: str,
         intent_action: str,
         result_action: str,
-        tool_fn: Callable[[], Any],
-        confidence: float = 1.0,
+        tool_fn: ToolFn,
+        confidence: float = 0.5,
+        tool_args: tuple[Any, ...] = (),
+        tool_kwargs: dict[str, Any] | None = None,
     ) -> tuple[GuardDecision, Any]:
-        """§9.2: pre_action, the tool only on ALLOW (P37), then post_action. The whole
-        check-act-record runs under ``space.lock(scope, resource)``, so the next agent on the
-        resource finds the committed action (P39), not a pending intent."""
+        """§9.2: pre_action, ``tool_fn(*tool_args, **tool_kwargs)`` only on ALLOW (P37), then
+        post_action. The whole check-act-record runs under ``space.lock(scope, resource)``, so
+        the next agent on the resource finds the committed action (P39), not a pending
+        intent."""
+        call = _bound(tool_fn, tool_args, tool_kwargs)
         decision, result, _ = self._traced(
-            agent, scope, resource, intent_action, result_action, tool_fn, confidence, None
+            agent, scope, resource, intent_action, result_action, call, confidence, None
         )
         return decision, result
 
@@ -821,8 +1008,10 @@ class Guard:
         resource: str,
         intent_action: str,
         result_action: str,
-        tool_fn: Callable[[], Any],
-        confidence: float = 1.0,
+        tool_fn: ToolFn,
+        confidence: float = 0.5,
+        tool_args: tuple[Any, ...] = (),
+        tool_kwargs: dict[str, Any] | None = None,
     ) -> tuple[GuardDecision, Any, bool]:
         """`execute` at most once per caller-chosen `key` (keys.py), for callers that retry
         (an Airflow task's tries share a key). Returns (decision, result, replayed): a key
@@ -831,8 +1020,9 @@ class Guard:
         raises `UnsettledCall` (it may have acted); a key whose call raised calls again.
         Otherwise as `execute`, with the key's record committed before the tool runs."""
         key = check_key(key)
+        call = _bound(tool_fn, tool_args, tool_kwargs)
         return self._traced(
-            agent, scope, resource, intent_action, result_action, tool_fn, confidence, key
+            agent, scope, resource, intent_action, result_action, call, confidence, key
         )
 
     def _traced(
@@ -930,7 +1120,7 @@ class Guard:
 
     def _verb_gate(self, agent: Agent, scope: str, result_action: str) -> GuardDecision | None:
         scope_def = self.space.get_scope(scope)
-        if scope_def.allows_action_verb(result_action):
+        if _verb_allowed(scope_def.allowed_action_verbs, result_action):
             return None
         return _denied(
             _Refusal(
@@ -975,7 +1165,7 @@ class Guard:
 
     # ------------------------------------------------------------------ write_mark
 
-    def write_mark(self, agent: Agent, mark: Mark) -> UUID:
+    def write_mark(self, agent: Agent, mark: AnyMark) -> uuid.UUID:
         """The single enforcement boundary for observations, warnings and needs (§9.7):
         budget, barrier, scope rate limit and envelope, then ``space.write``. A rejection
         stores nothing (P42) and raises a `WriteRejected`; intents and actions raise
@@ -990,6 +1180,8 @@ class Guard:
             return mark_id
         except WriteRejected as exc:
             check = exc.check
+            if isinstance(exc, ContentPolicyError):
+                verdict = "content_rejected"
             raise
         except Exception as exc:
             check = type(exc).__name__
@@ -1021,19 +1213,105 @@ class Guard:
         if refusal is not None:
             self._observe_rejected(agent, mark.scope, mark.mark_type, topic)
             raise _REJECTIONS[refusal.check](refusal.reason, refusal.check)
-        self.space.get_scope(mark.scope)  # UnknownScope before anything is counted
-        admitted = self._admit(agent, mark.scope, mark.mark_type, topic)
+        scope_def = self.space.get_scope(mark.scope)  # UnknownScope before anything is counted
+        reservation = self._reserve(agent, scope_def)
+        screened = _Screened(mark=mark)
+        if reservation.allowed and isinstance(mark, Observation) and self._content_policies:
+            screened = self._screen(agent, mark, scope_def)  # REJECT raises: nothing stored
+        admitted = self._admit_reserved(agent, mark.scope, mark.mark_type, topic, reservation)
         if isinstance(admitted, _Refusal):
             raise _REJECTIONS[admitted.check](admitted.reason, admitted.check)
-        return self._store(agent, mark, admitted)
+        if screened.flags:
+            return self._store_flagged(agent, screened, admitted)
+        return self._store(agent, screened.mark, admitted)
+
+    # ------------------------------------------------------------------ content policies
+
+    def _screen(self, agent: Agent, mark: Observation, scope_def: Scope) -> _Screened:
+        """Markspace §9.13: the policies in order (P68); a REWRITE replaces only the content
+        and feeds the next policy (P69), the first REJECT ends it with ContentPolicyError
+        (P67), FLAG reasons accumulate. Runs after the rate limit and before the envelope
+        records the attempt, so a rejected observation is not an envelope event (P70)."""
+        current, flags, flagged_by = mark, [], []
+        for policy in self._content_policies:
+            name = _policy_name(policy)
+            result = policy.evaluate(agent, current, scope_def)
+            if not isinstance(result, PolicyResult):
+                raise InvalidArgument(
+                    f"content policy {name} returned {type(result).__name__}, not a PolicyResult"
+                )
+            verdict = PolicyVerdict(result.verdict)
+            self.emitter.event(
+                EVENT_CONTENT_POLICY, agent_id=agent.id, scope=mark.scope, policy=name,
+                verdict=verdict, reason=result.reason or "",
+            )
+            if verdict is PolicyVerdict.REJECT:
+                raise ContentPolicyError(result.reason or f"rejected by content policy {name}")
+            if verdict is PolicyVerdict.REWRITE:
+                current = _rewritten(current, result.content)
+            elif verdict is PolicyVerdict.FLAG:
+                flags.append(result.reason or "")
+                flagged_by.append(name)
+        return _Screened(mark=current, flags=tuple(flags), flagged_by=tuple(flagged_by))
+
+    def _store_flagged(self, agent: Agent, screened: _Screened, admitted: _Admission) -> UUID:
+        """A flagged observation and the `_system` warning about it, both or neither: one
+        transaction on Postgres (the guard's lock), the warning checked before anything is
+        stored on both backends."""
+        mark = screened.mark
+        self._ensure_system_scope()
+        system = self._system_for(SYSTEM_SCOPE)
+        reasons = "; ".join(r for r in screened.flags if r) or "no reason given"
+        try:
+            with self.space.lock(mark.scope, _FLAG_LOCK):
+                probe = self._flag_warning(agent, mark, UUID(int=0), screened, reasons)
+                self._check_system_write(system, probe)
+                mark_id = self.space.write(agent, mark)
+                self.space.write(
+                    system, self._flag_warning(agent, mark, mark_id, screened, reasons)
+                )
+        except Exception:
+            self.rate_limiter.release(admitted.scope, agent.id, admitted.reservation)
+            raise
+        return mark_id
+
+    @staticmethod
+    def _flag_warning(
+        agent: Agent, mark: Observation, mark_id: UUID, screened: _Screened, reasons: str
+    ) -> Warning:
+        return Warning(
+            scope=SYSTEM_SCOPE,
+            topic=CONTENT_FLAG_TOPIC,
+            reason=(
+                f"content of observation {mark_id} (topic {mark.topic!r}) by agent "
+                f"{agent.name!r} ({agent.id}) in scope {mark.scope!r} flagged by "
+                f"{', '.join(screened.flagged_by)}: {reasons}"
+            ),
+            severity=Severity.CAUTION,
+        )
+
+    def _check_system_write(self, system: Agent, mark: Mark) -> None:
+        """The checks the space makes before storing ``mark`` (so a refusal comes before
+        anything is written, on either backend)."""
+        checked = revalidate(mark)
+        check_content_size(checked, self.space.max_content_bytes)
+        authorize_write(system, checked, self.space.get_scope(checked.scope))
+
+    def _ensure_system_scope(self) -> None:
+        """Register `_system` (the package's decay) unless the space already defines it."""
+        try:
+            self.space.get_scope(SYSTEM_SCOPE)
+        except MarkspaceError:
+            self.space.register_scope(Scope(name=SYSTEM_SCOPE, decay=SYSTEM_DECAY))
 
     # ------------------------------------------------------------------ shared checks
 
     def _budget_refusal(self, agent: Agent) -> _Refusal | None:
-        status = self.budget_status(agent)
-        if status is None or not status.stopped:
+        budget = _budget_of(agent)
+        if not self.budgets.is_stopped(agent.id, budget):
             return None
-        spent = ", ".join(dimension.value for dimension in status.exhausted)
+        status = self.budgets.status(agent.id, budget)
+        spent = ", ".join(d.value for d in status.exhausted) if status else ""
         return _Refusal(
             check=GuardCheck.BUDGET,
             reason=f"agent {agent.name!r} has exhausted its token budget ({spent})",
@@ -1045,8 +1323,9 @@ class Guard:
         barrier = self._barriers.get(agent.id)
         if barrier is None:
             return None
+        mark_types = tuple(mark_types)
         for mark_type in mark_types:
-            if not barrier.is_allowed(scope, mark_type):
+            if not barrier.is_allowed_checked(scope, mark_type):
                 return _Refusal(
                     check=GuardCheck.BARRIER,
                     reason=(
@@ -1055,16 +1334,47 @@ class Guard:
                         "restores it"
                     ),
                 )
-        return None
+        if MarkType.NEED in mark_types or not barrier.needs_required(scope):
+            return None
+        if self._has_open_need(agent.id, scope):
+            return None
+        return _Refusal(
+            check=GuardCheck.NEED_REQUIRED,
+            reason=(
+                f"agent {agent.name!r} must write a Need mark in scope {scope!r} before other "
+                "writes there (its barrier requires one)"
+            ),
+        )
+
+    def _has_open_need(self, agent_id: UUID, scope: str) -> bool:
+        """Whether the agent has an unresolved Need of its own in exactly ``scope`` (what a
+        barrier's need requirement asks for, as in the package)."""
+        return any(
+            isinstance(mark, Need) and mark.agent_id == agent_id and mark.resolved_by is None
+            for mark in self._read(scope, mark_type=MarkType.NEED)
+        )
 
     def _admit(
         self, agent: Agent, scope: str, mark_type: MarkType, topic: str | None
     ) -> _Admission | _Refusal:
         """Rate limit, then envelope, for one write about to happen. The reservation is
         undone when a later step refuses the write."""
+        reservation = self._reserve(agent, self.space.get_scope(scope))
+        return self._admit_reserved(agent, scope, mark_type, topic, reservation)
+
+    def _reserve(self, agent: Agent, scope_def: Scope) -> RateDecision:
+        return self.rate_limiter.reserve(
+            scope_def.name, agent.id, scope_def.rate_limit, self.space.now()
+        )
+
+    def _admit_reserved(
+        self, agent: Agent, scope: str, mark_type: MarkType, topic: str | None,
+        reservation: RateDecision,
+    ) -> _Admission | _Refusal:
+        """The envelope's look at a write whose rate-limit reservation is made (the
+        envelope sees rate-limited attempts too, P64)."""
         now = self.space.now()
         scope_def = self.space.get_scope(scope)
-        reservation = self.rate_limiter.reserve(scope_def.name, agent.id, scope_def.rate_limit, now)
         self._register(agent)
         finding = self._observe(agent, scope, mark_type, topic, now)
         if not reservation.allowed:
@@ -1090,7 +1400,7 @@ class Guard:
     ) -> Finding | None:
         if self.envelope is None:
             return None
-        self.envelope.record_attempt(agent.id, scope, mark_type, now, topic)
+        self.envelope.record_attempt(agent.id, mark_type, scope=scope, at=now, topic=topic)
         finding = self.envelope.evaluate(agent.id, now)
         self._respond(agent, finding, scope)
         return finding
@@ -1111,7 +1421,7 @@ class Guard:
         if finding is None or finding.verdict is not EnvelopeVerdict.RESTRICTED:
             return None
         barrier = self._barriers.get(agent.id)
-        if barrier is None or barrier.is_allowed(scope, mark_type):
+        if barrier is None or barrier.is_allowed_checked(scope, mark_type):
             return None
         return _Refusal(
             check=GuardCheck.ENVELOPE,
@@ -1205,8 +1515,33 @@ class Guard:
 
     # ------------------------------------------------------------------ budgets
 
-    def budget_status(self, agent: Agent) -> BudgetStatus | None:
+    def budget_status(self, agent: Agent) -> BudgetUsage | None:
+        """The agent's usage against its manifest's budget (None without one)."""
         return self.budgets.status(agent.id, _budget_of(agent))
+
+    def get_budget_status(self, agent_id: uuid.UUID) -> tuple[int, int, bool] | None:
+        """(input used, output used, exhausted) for a tracked agent, else None."""
+        return self.budgets.snapshot(agent_id)
+
+    def check_budget_activation(self, agent: Agent) -> str | None:
+        """Why the agent may not be activated (its budget is spent, P61), or None (also
+        for agents without a budget, P59)."""
+        refusal = self._budget_refusal(agent)
+        return None if refusal is None else refusal.reason
+
+    def update_budget(
+        self, agent: Agent, new_budget: TokenBudget, principal_token: uuid.UUID
+    ) -> bool:
+        """The principal raises (or sets) the agent's budget: a stopped agent whose usage is
+        below the new totals resumes (P62). False, nothing changed, for a wrong token. The
+        agent's manifest is not changed (agents are frozen): keep passing the budget on it,
+        or the manifest's own budget applies again at the next check."""
+        if not isinstance(new_budget, TokenBudget):
+            raise InvalidArgument(f"expected a TokenBudget, got {type(new_budget).__name__}")
+        if not _same_token(principal_token, self._principal_token):
+            return False
+        self.budgets.clear(agent.id, new_budget)
+        return True
 
     def can_activate(self, agent: Agent) -> bool:
         return self._budget_refusal(agent) is None
@@ -1224,10 +1559,12 @@ class Guard:
         agent: Agent,
         input_tokens: int,
         output_tokens: int,
+        *,
         duration: float | None = None,
-    ) -> BudgetStatus | None:
+    ) -> BudgetStatus:
         """Add one activation's token usage (P63: totals only grow); writes the one-time
-        non-blocking warning Need per dimension (P60). No budget: no tracking (P59)."""
+        non-blocking warning Need per dimension (P60). No budget: no tracking, OK (P59).
+        Returns the package's status for the round (a warning before exhaustion)."""
         record = self.budgets.record(agent.id, _budget_of(agent), input_tokens, output_tokens)
         labels = {"agent_id": agent.id}
         self.emitter.count(TOKENS_INPUT, labels, input_tokens)
@@ -1235,10 +1572,10 @@ class Guard:
         if duration is not None:
             self.emitter.observe(ROUND_DURATION, labels, duration)
         for dimension in record.warnings:
-            self._budget_need(agent, dimension, record.status)
-        if record.status is not None:
+            self._budget_need(agent, dimension, record.usage)
+        if record.usage is not None:
             for dimension in BudgetDimension:
-                remaining = record.status.remaining(dimension)
+                remaining = record.usage.remaining(dimension)
                 if remaining is not None:
                     self.emitter.gauge(
                         BUDGET_REMAINING,
@@ -1250,7 +1587,8 @@ class Guard:
             agent_id=agent.id,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
-            stopped=bool(record.status and record.status.stopped),
+            stopped=bool(record.usage and record.usage.stopped),
+            status=record.status,
         )
         return record.status
 
@@ -1293,10 +1631,10 @@ class Guard:
         return marks
 
     def _budget_need(
-        self, agent: Agent, dimension: BudgetDimension, status: BudgetStatus | None
+        self, agent: Agent, dimension: BudgetDimension, status: BudgetUsage | None
     ) -> None:
-        scope = self.notice_scope or _home_scope(agent)
-        if scope is None or status is None:
+        scope = self.notice_scope or SYSTEM_SCOPE
+        if status is None:
             return
         total = status.input_total if dimension is BudgetDimension.INPUT else status.output_total
         used = status.input_used if dimension is BudgetDimension.INPUT else status.output_used
@@ -1310,11 +1648,14 @@ class Guard:
                 context={
                     "kind": "budget_warning",
                     "agent_id": str(agent.id),
+                    "agent_name": agent.name,
                     "dimension": dimension.value,
                     "used": used,
+                    "consumed": used,
                     "total": total,
+                    "warning_fraction": _budget_of(agent).warning_fraction,
                 },
-                priority=0.6,
+                priority=0.7,
                 blocking=False,
             )
         )
@@ -1455,6 +1796,51 @@ def _require_agent(agent: object) -> None:
         raise InvalidArgument(f"expected an Agent, got {type(agent).__name__}")
 
 
+def _bound(
+    tool_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any] | None
+) -> Callable[[], Any]:
+    """The tool call `execute` makes: ``tool_fn(*args, **kwargs)``."""
+    if not callable(tool_fn):
+        raise InvalidArgument(f"tool_fn must be callable, got {type(tool_fn).__name__}")
+    if not args and not kwargs:
+        return tool_fn
+    return lambda: tool_fn(*args, **(kwargs or {}))
+
+
+def _checked_policies(policies: Sequence[ContentPolicy] | None) -> tuple[ContentPolicy, ...]:
+    """The guard's content policies, in order; each must have an ``evaluate`` method."""
+    if policies is None:
+        return ()
+    if isinstance(policies, str | bytes) or not isinstance(policies, Iterable):
+        raise InvalidArgument("content_policies must be a list of ContentPolicy objects")
+    checked = tuple(policies)
+    for policy in checked:
+        if not callable(getattr(policy, "evaluate", None)):
+            raise InvalidArgument(
+                f"a content policy needs an evaluate() method: {type(policy).__name__}"
+            )
+    return checked
+
+
+def _verb_allowed(allowed: Sequence[str], verb: str) -> bool:
+    """The space's rule for a scope's verb list (§7.1): empty allows every verb, else the
+    verb or ``"*"`` must be listed (so the guard's early DENIED matches the store)."""
+    return not allowed or verb in allowed or "*" in allowed
+
+
+def _rewritten(mark: Observation, content: Any) -> Observation:
+    """``mark`` with only its content replaced (P69), re-validated (InvalidMark if the new
+    content is not a JSON value the mark can hold)."""
+    checked = revalidate(mark.model_copy(update={"content": content}))
+    assert isinstance(checked, Observation)
+    return checked
+
+
+def _policy_name(policy: Any) -> str:
+    name = getattr(policy, "name", None)
+    return name if isinstance(name, str) and name else type(policy).__name__
+
+
 def _call(tool_fn: Callable[[], Any]) -> tuple[Any, Exception | None]:
     try:
         return tool_fn(), None
@@ -1509,6 +1895,12 @@ def _verdicts(
     ]
 
 
+def _same_token(given: object, expected: UUID | str) -> bool:
+    if not isinstance(given, UUID | str):
+        return False
+    return hmac.compare_digest(str(given).encode(), str(expected).encode())
+
+
 def _same_request(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
     keys = ("kind", "agent_id", "resource", "action", "mark_type", "window")
     return all(stored.get(key) == wanted.get(key) for key in keys)
@@ -1516,10 +1908,6 @@ def _same_request(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
 
 def _budget_of(agent: Agent) -> Any:
     return agent.manifest.budget if agent.manifest is not None else None
-
-
-def _home_scope(agent: Agent) -> str | None:
-    return min(agent.scopes) if agent.scopes else None
 
 
 def as_result(value: Any) -> dict[str, Any]:
@@ -1537,13 +1925,19 @@ def as_result(value: Any) -> dict[str, Any]:
 __all__ = [
     "ACTIVE",
     "SYSTEM_AGENT_ID",
+    "SYSTEM_SCOPE",
     "BarrierDenied",
     "BudgetExhausted",
+    "ContentPolicy",
+    "ContentPolicyError",
     "EnvelopeRestricted",
     "Guard",
     "GuardCheck",
     "GuardDecision",
+    "GuardVerdict",
     "GuardedMarkType",
+    "PolicyResult",
+    "PolicyVerdict",
     "RateLimited",
     "Verdict",
     "WriteRejected",

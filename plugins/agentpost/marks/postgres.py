@@ -48,6 +48,13 @@ Why it is built this way:
   a resolution boundary replaces the verdicts of its (scope, resource) in one statement,
   inside the guard's lock() transaction, so a boundary run by one process is what every
   other process's Guard answers from (docs/marks.md has the contract).
+- **The quota is counted in the database** (`max_marks_per_agent`): a write of a space with
+  a quota takes a transaction-scoped advisory lock on (space, agent), counts the agent's
+  live marks (index `marks_agent`, sql/0065_mark_quota.sql) and inserts in that transaction,
+  so two processes writing for one agent never both see room for one more. Spaces without a
+  quota write as before, one statement, no lock.
+- **gc() is the one statement that deletes marks**: superseded ones and those that can never
+  be read again (`space.collectable`, the same rule in SQL with each row's stored decay).
 - Database errors never leak: they come out as agentpost's typed errors
   (`agentpost.store.db.translate`): no schema is a ConfigurationError, no server
   StoreUnavailable, anything else StoreError.
@@ -57,12 +64,15 @@ Do not carry a PostgresMarkSpace across `fork()`: create it in the process that 
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import uuid
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar
 from uuid import UUID
@@ -75,17 +85,16 @@ from agentpost.marks.core import (
     Agent,
     DecayConfig,
     DeferredVerdict,
+    Intent,
     InvalidArgument,
     Mark,
     MarkType,
     Need,
-    NeedCluster,
     Scope,
     ScopeVisibility,
     UnknownMark,
     UnknownScope,
     WatchPattern,
-    authorize_write,
     check_text,
     cluster_needs,
     mark_from_record,
@@ -96,12 +105,18 @@ from agentpost.marks.core import (
 )
 from agentpost.marks.keys import KeyInUse, KeyRecord, check_key, check_same
 from agentpost.marks.space import (
-    ClockSpec,
+    GC_EPSILON,
+    AnyMark,
+    NeedCluster,
     SpaceBase,
     WriteHook,
     agent_id_of,
+    authorize,
     fire_hooks,
+    fit_tokens,
+    grace_arg,
     mark_type_arg,
+    resolved_copy,
 )
 from agentpost.protocol.errors import ConfigurationError, StoreError
 from agentpost.store.db import Database, translate
@@ -285,13 +300,30 @@ class _Transaction(threading.local):
 class PostgresMarkSpace(SpaceBase):
     """The mark space in Postgres: durable, shared by processes, many spaces per database."""
 
-    def __init__(
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """`_init`'s parameters (its signature is shown as this one's). A str first argument
+        is the DSN of the old signature `(dsn, scopes, clock, space)`: still accepted, with a
+        DeprecationWarning, so existing callers keep working."""
+        if args and isinstance(args[0], str):
+            warnings.warn("PostgresMarkSpace(dsn, ...) is deprecated: pass dsn=",
+                          DeprecationWarning, stacklevel=2)
+            old = dict(zip(("dsn", "scopes", "clock", "space"), args, strict=False))
+            if len(args) > len(old) or old.keys() & kwargs.keys():
+                raise InvalidArgument(
+                    "the old PostgresMarkSpace(dsn, scopes, clock, space) call got too many "
+                    f"arguments or one twice: {sorted(old.keys() & kwargs.keys())}"
+                )
+            args, kwargs = (), {**kwargs, **old}
+        self._init(*args, **kwargs)
+
+    def _init(
         self,
-        dsn: str | None = None,
-        scopes: Iterable[Scope] = (),
-        clock: ClockSpec = None,
-        space: str = "default",
+        scopes: list[Scope] | None = None,
+        clock: float | None = None,
+        max_marks_per_agent: int | None = None,
         *,
+        dsn: str | None = None,
+        space: str = "default",
         pool_size: int = 4,
         max_content_bytes: int | None = None,
     ) -> None:
@@ -307,7 +339,7 @@ class PostgresMarkSpace(SpaceBase):
         self.space = space
         self.dsn = libpq_dsn(dsn)
         self._tx = _Transaction()
-        super().__init__(scopes, clock, max_content_bytes)
+        super().__init__(scopes, clock, max_marks_per_agent, max_content_bytes)
         self._db: Database | None = _Pools.acquire(self.dsn, pool_size)
 
     # ----------------------------------------------------------------- lifetime
@@ -364,11 +396,20 @@ class PostgresMarkSpace(SpaceBase):
         checked = self._checked(marks)
         scopes = [self.get_scope(m.scope) for m in checked]
         for mark, scope in zip(checked, scopes, strict=True):
-            authorize_write(agent, mark, scope)
-        stored = self._store(
-            [(m, agent.id, s.decay, s.visibility) for m, s in zip(checked, scopes, strict=True)]
-        )
-        return [m.id for m in stored]
+            authorize(agent, mark, scope)
+        items = [(m, agent.id, s.decay, s.visibility) for m, s in zip(checked, scopes, strict=True)]
+        if self.max_marks_per_agent is None:
+            return [m.id for m in self._store(items)]
+        # count and write under one advisory lock on (space, agent), across processes
+        with self._transaction("agentpost.marks-quota:" + json.dumps([self.space, str(agent.id)])):
+            self._check_quota(agent, checked)
+            return [m.id for m in self._store(items)]
+
+    def _quota_state(self, agent_id: UUID, targets: set[UUID]) -> tuple[int, set[UUID]]:
+        rows = self._rows("quota_state", {"agent_id": str(agent_id),
+                                          "targets": [str(t) for t in targets]})
+        held, owned = rows[0]
+        return int(held), {UUID(str(t)) for t in owned}
 
     def _store(
         self, items: Sequence[tuple[Mark, UUID, DecayConfig, ScopeVisibility]]
@@ -443,15 +484,17 @@ class PostgresMarkSpace(SpaceBase):
         scope: str,
         resource: str | None = None,
         topic: str | None = None,
-        mark_type: MarkType | str | None = None,
+        mark_type: MarkType | None = None,
         min_strength: float = DEFAULT_MIN_STRENGTH,
         reader: Agent | None = None,
-    ) -> list[Mark]:
+        max_tokens: int | None = None,
+    ) -> list[AnyMark]:
         """Marks of `scope` matching the filters whose effective strength (decay, trust,
         supersession, warnings; at now, computed in SQL) is > 0 and >= `min_strength`,
-        strongest first (ties: created_at, id). `reader` None is infrastructure and sees
-        full marks; an Agent sees what the scope's visibility allows it (§7.4). One
-        statement, and it writes nothing (P28)."""
+        strongest first (ties: created_at, id), cut to `max_tokens` (`space.fit_tokens`).
+        `reader` None is infrastructure and sees full marks; an Agent sees what the scope's
+        visibility allows it (§7.4). One statement, and it writes nothing (P28)."""
+        fit_tokens([], max_tokens)  # a bad budget is refused before the query
         kind = mark_type_arg(mark_type)
         if reader is not None and not isinstance(reader, Agent):
             raise InvalidArgument(f"reader must be an Agent or None, not {type(reader).__name__}")
@@ -485,7 +528,26 @@ class PostgresMarkSpace(SpaceBase):
         )
         scored = [(_mark(row), row[_N]) for row in rows]
         scored.sort(key=lambda pair: read_order_key(pair[0], pair[1]))
-        return visible_to([m for m, _ in scored], definition, scope, reader)
+        return fit_tokens(visible_to([m for m, _ in scored], definition, scope, reader),
+                          max_tokens)
+
+    def get_intents(self, scope: str, resource: str) -> list[Intent]:
+        """The intents on `resource` in `scope` and its child scopes that are neither
+        superseded nor past their TTL (warnings do not count here), in write order."""
+        self.get_scope(scope)
+        if _text_arg(scope) is None or _text_arg(resource) is None:
+            return []
+        rows = self._rows("intents", {"scope": scope, "resource": resource, "now": self.now()})
+        return [m for m in map(_mark, rows) if isinstance(m, Intent)]
+
+    def gc(self, grace_period: float = 0.0) -> int:
+        """Delete, in one statement, superseded marks and the marks `space.collectable`
+        says are garbage (the same rule in SQL, with each mark's stored decay). Returns how
+        many rows went. Safe beside writers in other processes: a mark is only deleted once
+        no read can return it again."""
+        grace = grace_arg(grace_period)
+        rows = self._rows("gc", {"now": self.now(), "grace": grace, "epsilon": GC_EPSILON})
+        return len(rows)
 
     @staticmethod
     def _prune(now: float, kind: MarkType | None, by_resource: bool, threshold: float) -> float:
@@ -575,20 +637,26 @@ class PostgresMarkSpace(SpaceBase):
 
     # ----------------------------------------------------------------- needs
 
-    def resolve(self, need_mark_id: UUID, resolving_action_id: UUID) -> UUID:
-        """Resolve a need (§8.3): write a copy with `resolved_by` that supersedes it, so the
-        need is at strength 0 on the next read (P29, P30). Returns the copy's id. Serialized
-        per need across processes, so a need is resolved once."""
+    def resolve(
+        self,
+        need_mark_id: uuid.UUID,
+        resolving_action_id: uuid.UUID,
+        agent: Agent | None = None,
+    ) -> uuid.UUID:
+        """Resolve a need (§8.3) with a stored, successful action: write a copy with
+        `resolved_by` that supersedes it, so the need is at strength 0 on the next read
+        (P29, P30). `agent`, if given, must be allowed to write actions in the need's scope.
+        Returns the copy's id. Serialized per need across processes, so a need is resolved
+        once."""
         if not isinstance(need_mark_id, UUID):
             raise UnknownMark(f"no mark {need_mark_id!r} in this space")
         with self._transaction(f"agentpost.marks.resolve:{self.space}:{need_mark_id}"):
             need = self.get(need_mark_id)
             if need is None:
                 raise UnknownMark(f"no mark {need_mark_id} in this space")
-            self._check_resolvable(need, resolving_action_id)
-            copy = need.model_copy(
-                update={"resolved_by": resolving_action_id, "supersedes": need.id}
-            )
+            action = self._check_resolvable(need, resolving_action_id, agent)
+            assert isinstance(need, Need)
+            copy = resolved_copy(need, action)
             try:
                 visibility = self.get_scope(need.scope).visibility
             except UnknownScope:
@@ -630,13 +698,14 @@ class PostgresMarkSpace(SpaceBase):
         return [m for m in map(_mark, rows) if isinstance(m, Action)]
 
     def aggregate_needs(self) -> list[NeedCluster]:
-        """Unresolved, unsuperseded needs of every scope, clustered and scored (§8.4)."""
-        needs = [_mark(row) for row in self._rows("unresolved_needs", {})]
+        """The open needs (unresolved, unsuperseded, strength > 0 after warnings) of
+        every scope, one cluster per scope (`core.cluster_needs`, §8.4)."""
+        needs = [_mark(row) for row in self._rows("unresolved_needs", {"now": self.now()})]
         return cluster_needs([n for n in needs if isinstance(n, Need)])
 
     # ----------------------------------------------------------------- subscriptions
 
-    def subscribe(self, agent: Agent, patterns: Sequence[WatchPattern]) -> None:
+    def subscribe(self, agent: Agent, patterns: list[WatchPattern]) -> None:
         """Queue marks written from now on (by any process) that match any pattern
         (§13.3). Replaces an earlier subscription and drops its queue (P48, P49)."""
         if not isinstance(agent, Agent):
@@ -657,7 +726,7 @@ class PostgresMarkSpace(SpaceBase):
         """Drop the agent's subscription and whatever is queued for it."""
         self._rows("unsubscribe", {"agent_id": str(agent_id_of(agent))})
 
-    def get_watched_marks(self, agent: Agent, clear: bool = True) -> list[Mark]:
+    def get_watched_marks(self, agent: Agent, clear: bool = True) -> list[AnyMark]:
         """Marks queued for the agent since its last poll, in write order (P50–P52); with
         `clear` they are taken from the queue, so each is handed out once (P51), also
         across processes polling for the same agent."""
@@ -816,6 +885,10 @@ class PostgresMarkSpace(SpaceBase):
                 tx.conn = tx.pending = None
         for hooks, writes in pending:
             fire_hooks(hooks, writes)
+
+
+PostgresMarkSpace.__init__.__signature__ = inspect.signature(  # type: ignore[attr-defined]
+    PostgresMarkSpace._init)
 
 
 # --------------------------------------------------------------------------- arguments

@@ -65,14 +65,16 @@ SELECT scope, mark_type, count(*) FROM agentpost.marks WHERE space = %(space)s G
 SELECT EXISTS (SELECT 1 FROM agentpost.marks WHERE space = %(space)s AND supersedes = %(id)s)
 
 -- name: unresolved_needs
--- §8.4: needs neither resolved nor superseded, whatever their strength, in write order.
+-- §8.4: needs neither resolved nor superseded, at strength > 0 after warnings (the
+-- package's rule), in write order.
 SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes, resource,
        action, topic, confidence, source, invalidates, severity, priority, blocking,
        resolved_by, failed, body
   FROM agentpost.marks m
  WHERE m.space = %(space)s AND m.mark_type = 'need' AND m.resolved_by IS NULL
-   AND (SELECT true FROM agentpost.marks x
-         WHERE x.space = m.space AND x.supersedes = m.id LIMIT 1) IS NULL
+   AND (SELECT s.strength
+          FROM agentpost.mark_adjusted_strength(m.space, m.id, m.initial_strength,
+                                                %(now)s::float8) s) > 0
  ORDER BY m.seq
 
 -- name: claims
@@ -118,7 +120,8 @@ RETURNING agent_id
 -- P51: deleting is taking; of two concurrent polls, a queued mark goes to one only. Marks
 -- are handed out only while they match the current subscription (P50): a write racing a
 -- re-subscribe or an unsubscribe may queue a mark under the old patterns after the queue
--- was dropped; such a mark is dropped here instead of delivered.
+-- was dropped; such a mark is dropped here instead of delivered. A mark matches if it or
+-- the mark it supersedes does (sql/0066_mark_watch_supersession.sql).
 WITH taken AS (
     DELETE FROM agentpost.mark_watch
      WHERE space = %(space)s AND agent_id = %(agent_id)s
@@ -131,6 +134,9 @@ SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
   JOIN agentpost.marks m ON m.id = t.mark_id
   JOIN agentpost.mark_subscriptions s ON s.space = %(space)s AND s.agent_id = %(agent_id)s
  WHERE agentpost.mark_watch_matches(s.patterns, m.scope, m.mark_type, m.topic, m.resource)
+    OR (SELECT agentpost.mark_watch_matches(s.patterns, o.scope, o.mark_type, o.topic,
+                                            o.resource)
+          FROM agentpost.marks o WHERE o.id = m.supersedes AND o.space = m.space)
  ORDER BY t.seq
 
 -- name: peek_watched
@@ -141,7 +147,10 @@ SELECT m.id, m.mark_type, m.agent_id, m.scope, m.created_at, m.initial_strength,
   JOIN agentpost.marks m ON m.id = w.mark_id
   JOIN agentpost.mark_subscriptions s ON s.space = w.space AND s.agent_id = w.agent_id
  WHERE w.space = %(space)s AND w.agent_id = %(agent_id)s
-   AND agentpost.mark_watch_matches(s.patterns, m.scope, m.mark_type, m.topic, m.resource)
+   AND (agentpost.mark_watch_matches(s.patterns, m.scope, m.mark_type, m.topic, m.resource)
+        OR (SELECT agentpost.mark_watch_matches(s.patterns, o.scope, o.mark_type, o.topic,
+                                                o.resource)
+              FROM agentpost.marks o WHERE o.id = m.supersedes AND o.space = m.space))
  ORDER BY w.seq
 
 -- name: lock
@@ -204,3 +213,61 @@ RETURNING calls
 DELETE FROM agentpost.mark_keys
  WHERE space = %(space)s AND key = %(key)s AND kind = 'execute' AND mark_id IS NULL
 RETURNING calls
+
+-- name: quota_state
+-- The agent's live marks (stored, not superseded; sql/0065_mark_quota.sql), and which of the
+-- given ids are among them (marks the write supersedes give their place back).
+SELECT count(*),
+       coalesce(array_agg(m.id) FILTER (WHERE m.id = ANY (%(targets)s::uuid[])), '{}')
+  FROM agentpost.marks m
+ WHERE m.space = %(space)s AND m.agent_id = %(agent_id)s
+   AND (SELECT true FROM agentpost.marks x
+         WHERE x.space = m.space AND x.supersedes = m.id LIMIT 1) IS NULL
+
+-- name: intents
+-- get_intents: intents on one resource in a scope or its children, neither superseded nor
+-- past their TTL (warnings do not count), in write order. Live intents only (marks_intents).
+SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes, resource,
+       action, topic, confidence, source, invalidates, severity, priority, blocking,
+       resolved_by, failed, body
+  FROM agentpost.marks m
+ WHERE m.space = %(space)s AND m.mark_type = 'intent' AND m.fades_at >= %(now)s
+   AND m.resource = %(resource)s
+   AND (m.scope = %(scope)s OR starts_with(m.scope, %(scope)s || '/'))
+   AND agentpost.mark_base_strength(m.mark_type, m.initial_strength, m.created_at,
+                                    %(now)s, m.half_life, m.ttl, false, m.source) > 0
+   AND (SELECT true FROM agentpost.marks x
+         WHERE x.space = m.space AND x.supersedes = m.id LIMIT 1) IS NULL
+ ORDER BY m.created_at, m.seq
+
+-- name: gc
+-- gc(grace_period): superseded marks, intents grace seconds past their TTL, resolved needs,
+-- observations and warnings whose decay-times-trust strength is below 1e-10 and has been for
+-- grace seconds (space.collectable is the same rule in Python). Actions stay (P2).
+WITH doomed AS (
+    SELECT m.id
+      FROM agentpost.marks m
+     WHERE m.space = %(space)s
+       AND ((SELECT true FROM agentpost.marks x
+              WHERE x.space = m.space AND x.supersedes = m.id LIMIT 1)
+            OR (m.mark_type = 'need' AND m.resolved_by IS NOT NULL)
+            OR (m.mark_type = 'intent'
+                AND agentpost.mark_base_strength(m.mark_type, m.initial_strength,
+                                                 m.created_at, %(now)s, m.half_life, m.ttl,
+                                                 false, m.source) <= 0
+                AND %(now)s::float8 - m.created_at >= m.ttl + %(grace)s::float8)
+            OR (m.mark_type IN ('observation', 'warning')
+                AND agentpost.mark_base_strength(m.mark_type, m.initial_strength,
+                                                 m.created_at, %(now)s, m.half_life, m.ttl,
+                                                 false, m.source) < %(epsilon)s
+                AND (%(grace)s::float8 <= 0
+                     OR %(now)s::float8 - m.created_at
+                        >= CASE WHEN m.initial_strength > %(epsilon)s
+                                THEN m.half_life * (ln(m.initial_strength / %(epsilon)s)
+                                                    / ln(2::float8))
+                                ELSE 0 END + %(grace)s::float8)))
+)
+DELETE FROM agentpost.marks d
+ USING doomed
+ WHERE d.id = doomed.id
+RETURNING d.id

@@ -1,12 +1,14 @@
-"""Scope rate limits (spec §9.12): per-agent and fleet-wide write caps per tumbling window.
+"""Scope rate limits (Markspace §9.12): per-agent and fleet-wide write caps per sliding window.
 
-The limits are declared on the scope (``Scope.rate_limit``, a `ScopeRateLimit`); `RateLimiter`
-counts writes and says whether one more is allowed. The guard consults it for every write it
-makes on an agent's behalf, independently of the envelope and of token budgets (P66).
+The limits are declared on the scope (``Scope.rate_limit``, a `ScopeRateLimit`).
+`RateLimitTracker` is the package's tracker (``check_and_record``); `RateLimiter` is what
+the guard uses: the same sliding windows, plus a reservation that is given back when the store
+then refuses the write. The guard consults it for every write it makes on an agent's behalf,
+independently of the envelope and of token budgets (P66).
 
 Readings chosen where the spec leaves room:
-- Windows are tumbling and aligned to the clock: window ``n`` is ``[n*w, (n+1)*w)``, so
-  "until the window rotates" (P65) has one meaning for every process.
+- Windows slide, as in the package: a write counts while ``now - window_seconds <= t``, so a
+  cap lifts as the oldest counted write ages out (P65); the per-agent cap is checked first.
 - Counters are keyed by the *defining* scope's name: ``a/b`` without a definition of its own
   resolves to ``a`` and shares ``a``'s counters, as it shares its other settings.
 - A write is counted when it is reserved (before the store) and released if the store then
@@ -17,8 +19,9 @@ Readings chosen where the spec leaves room:
 
 from __future__ import annotations
 
-import math
 import threading
+import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 from uuid import UUID
@@ -27,7 +30,13 @@ from pydantic import BaseModel, ConfigDict
 
 from agentpost.marks.core import ScopeRateLimit
 
-__all__ = ["RateDecision", "RateLimitKind", "RateLimiter", "ScopeRateLimit"]
+__all__ = [
+    "RateDecision",
+    "RateLimitKind",
+    "RateLimitTracker",
+    "RateLimiter",
+    "ScopeRateLimit",
+]
 
 
 class RateLimitKind(StrEnum):
@@ -41,26 +50,85 @@ class RateDecision(BaseModel):
     allowed: bool
     reason: str = ""
     kind: RateLimitKind | None = None
-    window: int | None = None
+    #: the time the reservation was counted at (what `release` takes back)
+    at: float | None = None
+
+
+def _prune(stamps: deque[float], start: float) -> deque[float]:
+    while stamps and stamps[0] < start:
+        stamps.popleft()
+    return stamps
 
 
 @dataclass
-class _Window:
-    index: int
-    seconds: float
-    total: int = 0
-    per_agent: dict[UUID, int] = field(default_factory=dict)
+class RateLimitTracker:
+    """Write times per (scope, agent) and per scope, in sliding windows (the package's
+    tracker). Not locked: its owner serializes calls."""
 
+    _per_agent: dict[tuple[str, uuid.UUID], deque[float]] = field(default_factory=dict)
+    _per_scope: dict[str, deque[float]] = field(default_factory=dict)
 
-def window_index(now: float, seconds: float) -> int:
-    return math.floor(now / seconds)
+    def refusal(
+        self, scope: str, agent_id: UUID, limit: ScopeRateLimit, now: float
+    ) -> RateDecision | None:
+        """Why one more write would break a cap now, or None (counts nothing)."""
+        start = now - limit.window_seconds
+        agent_cap = limit.max_writes_per_agent_per_window
+        if agent_cap is not None:
+            mine = _prune(self._per_agent.setdefault((scope, agent_id), deque()), start)
+            if len(mine) >= agent_cap:
+                return RateDecision(
+                    allowed=False, kind=RateLimitKind.AGENT,
+                    reason=(f"agent {agent_id} reached its limit of {agent_cap} writes per "
+                            f"{limit.window_seconds:g} s window in scope {scope!r}"))
+        fleet_cap = limit.max_total_writes_per_window
+        if fleet_cap is not None:
+            everyone = _prune(self._per_scope.setdefault(scope, deque()), start)
+            if len(everyone) >= fleet_cap:
+                return RateDecision(
+                    allowed=False, kind=RateLimitKind.FLEET,
+                    reason=(f"scope {scope!r} reached its fleet cap of {fleet_cap} writes per "
+                            f"{limit.window_seconds:g} s window"))
+        return None
+
+    def record(self, scope: str, agent_id: UUID, limit: ScopeRateLimit, now: float) -> None:
+        """Count a write at ``now`` against the caps the limit sets."""
+        if limit.max_writes_per_agent_per_window is not None:
+            self._per_agent.setdefault((scope, agent_id), deque()).append(now)
+        if limit.max_total_writes_per_window is not None:
+            self._per_scope.setdefault(scope, deque()).append(now)
+
+    def check_and_record(
+        self, scope: str, agent_id: uuid.UUID, limit: ScopeRateLimit, now: float
+    ) -> str | None:
+        """The package's call: the reason a write is refused (P64, P65), or None after
+        counting it."""
+        refused = self.refusal(scope, agent_id, limit, now)
+        if refused is not None:
+            return refused.reason
+        self.record(scope, agent_id, limit, now)
+        return None
+
+    def forget(self, scope: str, agent_id: UUID, at: float) -> None:
+        """Take back one write counted at ``at`` (a reservation whose store failed)."""
+        for stamps in (self._per_agent.get((scope, agent_id)), self._per_scope.get(scope)):
+            if stamps is not None and at in stamps:
+                stamps.remove(at)
+
+    def counts(
+        self, scope: str, agent_id: UUID, limit: ScopeRateLimit, now: float
+    ) -> tuple[int, int]:
+        start = now - limit.window_seconds
+        mine = _prune(self._per_agent.get((scope, agent_id), deque()), start)
+        everyone = _prune(self._per_scope.get(scope, deque()), start)
+        return len(mine), len(everyone)
 
 
 class RateLimiter:
-    """Counts writes per (scope, window) and per (scope, agent, window)."""
+    """The guard's rate limiter: a `RateLimitTracker` behind a lock, with reservations."""
 
     def __init__(self) -> None:
-        self._windows: dict[str, _Window] = {}
+        self.tracker = RateLimitTracker()
         self._lock = threading.Lock()
 
     def check(
@@ -70,7 +138,9 @@ class RateLimiter:
         if limit is None:
             return RateDecision(allowed=True)
         with self._lock:
-            return self._decide(self._current(scope, limit, now), scope, agent_id, limit)
+            return self.tracker.refusal(scope, agent_id, limit, now) or RateDecision(
+                allowed=True, at=now
+            )
 
     def reserve(
         self, scope: str, agent_id: UUID, limit: ScopeRateLimit | None, now: float
@@ -79,12 +149,11 @@ class RateLimiter:
         if limit is None:
             return RateDecision(allowed=True)
         with self._lock:
-            window = self._current(scope, limit, now)
-            decision = self._decide(window, scope, agent_id, limit)
-            if decision.allowed:
-                window.total += 1
-                window.per_agent[agent_id] = window.per_agent.get(agent_id, 0) + 1
-            return decision
+            refused = self.tracker.refusal(scope, agent_id, limit, now)
+            if refused is not None:
+                return refused
+            self.tracker.record(scope, agent_id, limit, now)
+            return RateDecision(allowed=True, at=now)
 
     def record(self, scope: str, agent_id: UUID, limit: ScopeRateLimit | None, now: float) -> None:
         """Count a write that happened without asking (a fact the guard must not refuse, such
@@ -92,63 +161,18 @@ class RateLimiter:
         if limit is None:
             return
         with self._lock:
-            window = self._current(scope, limit, now)
-            window.total += 1
-            window.per_agent[agent_id] = window.per_agent.get(agent_id, 0) + 1
+            self.tracker.record(scope, agent_id, limit, now)
 
     def release(self, scope: str, agent_id: UUID, decision: RateDecision) -> None:
-        """Give back a reservation whose write did not happen (same window only)."""
-        if decision.window is None or not decision.allowed:
+        """Give back a reservation whose write did not happen."""
+        if decision.at is None or not decision.allowed:
             return
         with self._lock:
-            window = self._windows.get(scope)
-            if window is None or window.index != decision.window:
-                return
-            window.total = max(0, window.total - 1)
-            left = window.per_agent.get(agent_id, 0) - 1
-            if left > 0:
-                window.per_agent[agent_id] = left
-            else:
-                window.per_agent.pop(agent_id, None)
+            self.tracker.forget(scope, agent_id, decision.at)
 
     def usage(
         self, scope: str, agent_id: UUID, limit: ScopeRateLimit, now: float
     ) -> tuple[int, int]:
         """(this agent's writes, all writes) in ``scope``'s current window."""
         with self._lock:
-            window = self._current(scope, limit, now)
-            return window.per_agent.get(agent_id, 0), window.total
-
-    def _current(self, scope: str, limit: ScopeRateLimit, now: float) -> _Window:
-        index = window_index(now, limit.window_seconds)
-        window = self._windows.get(scope)
-        if window is None or window.index != index or window.seconds != limit.window_seconds:
-            window = _Window(index=index, seconds=limit.window_seconds)
-            self._windows[scope] = window
-        return window
-
-    @staticmethod
-    def _decide(window: _Window, scope: str, agent_id: UUID, limit: ScopeRateLimit) -> RateDecision:
-        fleet_cap = limit.max_total_writes_per_window
-        if fleet_cap is not None and window.total >= fleet_cap:
-            return RateDecision(
-                allowed=False,
-                kind=RateLimitKind.FLEET,
-                window=window.index,
-                reason=(
-                    f"scope {scope!r} reached its fleet cap of {fleet_cap} writes per "
-                    f"{limit.window_seconds:g} s window"
-                ),
-            )
-        agent_cap = limit.max_writes_per_agent_per_window
-        if agent_cap is not None and window.per_agent.get(agent_id, 0) >= agent_cap:
-            return RateDecision(
-                allowed=False,
-                kind=RateLimitKind.AGENT,
-                window=window.index,
-                reason=(
-                    f"agent {agent_id} reached its limit of {agent_cap} writes per "
-                    f"{limit.window_seconds:g} s window in scope {scope!r}"
-                ),
-            )
-        return RateDecision(allowed=True, window=window.index)
+            return self.tracker.counts(scope, agent_id, limit, now)

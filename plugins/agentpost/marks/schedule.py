@@ -12,10 +12,13 @@ Readings chosen where the spec leaves room:
 - `mark_activated(agent)` records an activation at the clock's now, whether or not the agent
   was due (the caller ran it); an unregistered agent is ignored.
 - `register` of an agent already registered behaves as `update` (keeps the last activation);
-  an agent without manifest or interval is ignored by `register` and dropped by `update`.
+  an agent without manifest or interval is ignored by `register` (which returns False, as the
+  package's) and dropped by `update`.
+- `pre_activation_check(agent)` (the package's hook, e.g. budget exhaustion) returns a reason
+  to skip the agent, or None: a skipped agent is neither due nor marked activated.
 - Agents are identified by `agent.id`; the newest Agent object given is what `due` returns.
 - The background loop calls `on_due(agents)` when some are due; an exception from `on_due`
-  is logged and the loop keeps going.
+  is logged and the loop keeps going. `start` while running is a no-op (as the package).
 """
 
 from __future__ import annotations
@@ -50,8 +53,13 @@ class _Schedule:
 class Scheduler:
     """Which scheduled agents are due, from their manifests and last activations."""
 
-    def __init__(self, clock: ClockSpec = None) -> None:
-        self._clock = make_clock(clock)
+    def __init__(
+        self,
+        clock: Callable[[], float] | None = None,
+        pre_activation_check: Callable[[Agent], str | None] | None = None,
+    ) -> None:
+        self._clock = make_clock(_clock_of(clock))
+        self._pre_activation_check = pre_activation_check
         self._lock = threading.Lock()
         self._schedules: dict[UUID, _Schedule] = {}
         self._stop = threading.Event()
@@ -64,11 +72,13 @@ class Scheduler:
         """Fix time at `t` (or install another clock)."""
         self._clock = make_clock(t)
 
-    def register(self, agent: Agent) -> None:
-        """Schedule `agent` by its manifest's interval; due at once if it never ran."""
+    def register(self, agent: Agent) -> bool:
+        """Schedule `agent` by its manifest's interval; due at once if it never ran. False
+        when it has no interval (nothing scheduled)."""
         _check_agent(agent)
         with self._lock:
             self._put(agent, keep_unscheduled=True)
+            return agent.id in self._schedules and interval_of(agent) is not None
 
     def update(self, agent: Agent) -> None:
         """Take a new configuration of a registered agent, keeping its last activation so
@@ -87,9 +97,9 @@ class Scheduler:
         last = None if current is None else current.last
         self._schedules[agent.id] = _Schedule(agent, interval, last)
 
-    def unregister(self, agent: Agent) -> bool:
+    def unregister(self, agent: Agent) -> None:
         with self._lock:
-            return self._schedules.pop(agent.id, None) is not None
+            self._schedules.pop(agent.id, None)
 
     def scheduled(self) -> list[Agent]:
         with self._lock:
@@ -104,7 +114,7 @@ class Scheduler:
         """Agents whose interval has elapsed since their last activation (or never ran)."""
         now = self.now()
         with self._lock:
-            return [s.agent for s in self._schedules.values() if s.is_due(now)]
+            return [s.agent for s in self._schedules.values() if self._ready(s, now)]
 
     def mark_activated(self, agent: Agent) -> None:
         """Record that `agent` ran now."""
@@ -119,27 +129,36 @@ class Scheduler:
         twice by concurrent ticks)."""
         now = self.now()
         with self._lock:
-            due = [s for s in self._schedules.values() if s.is_due(now)]
+            due = [s for s in self._schedules.values() if self._ready(s, now)]
             for schedule in due:
                 schedule.last = now
             return [s.agent for s in due]
 
+    def _ready(self, schedule: _Schedule, now: float) -> bool:
+        """Due by time, and not vetoed by the pre-activation check."""
+        if not schedule.is_due(now):
+            return False
+        check = self._pre_activation_check
+        return check is None or check(schedule.agent) is None
+
     def start(
-        self, poll_interval: float, on_due: Callable[[list[Agent]], object] | None = None
+        self,
+        poll_interval: float = 1.0,
+        on_due: Callable[[list[Agent]], None] | None = None,
     ) -> None:
         """Run `tick_all()` every `poll_interval` seconds of real time in a daemon thread,
         passing due agents to `on_due`. The only part that uses real time."""
-        if not poll_interval > 0:
+        if isinstance(poll_interval, bool) or not poll_interval > 0:
             raise InvalidArgument("poll_interval must be > 0")
         if self._thread is not None and self._thread.is_alive():
-            raise InvalidArgument("the scheduler is already running")
+            return
         self._stop.clear()
         self._thread = threading.Thread(
             target=self._loop, args=(poll_interval, on_due), name="marks-scheduler", daemon=True
         )
         self._thread.start()
 
-    def stop(self, timeout: float | None = 5.0) -> None:
+    def stop(self, *, timeout: float | None = 5.0) -> None:
         """Stop the background loop and wait for it (at most `timeout` seconds)."""
         self._stop.set()
         thread, self._thread = self._thread, None
@@ -150,7 +169,7 @@ class Scheduler:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def _loop(self, poll_interval: float, on_due: Callable[[list[Agent]], object] | None) -> None:
+    def _loop(self, poll_interval: float, on_due: Callable[[list[Agent]], None] | None) -> None:
         while not self._stop.is_set():
             agents = self.tick_all()
             if agents and on_due is not None:
@@ -159,6 +178,14 @@ class Scheduler:
                 except Exception:
                     log.exception("scheduler on_due callback failed")
             self._stop.wait(poll_interval)
+
+
+def _clock_of(clock: object) -> ClockSpec:
+    """A space (anything with ``now()``) stands for its clock, as the package accepts."""
+    now = getattr(clock, "now", None)
+    if clock is not None and not callable(clock) and callable(now):
+        return now
+    return clock  # type: ignore[return-value]
 
 
 def _check_agent(agent: object) -> None:

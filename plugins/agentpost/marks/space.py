@@ -10,15 +10,17 @@ observations and warnings, and (scope, mark_type). Marks enter a bucket in creat
 (created_at is monotonic), so a read bisects past the marks too old to reach `min_strength`:
 intents older than the bucket's longest TTL, observations and warnings older than
 `half_life * log2(max_weight / min_strength)`. Superseded marks (permanently at strength 0)
-are dropped from the buckets when a bucket is half dead; they stay in `get()`. A supersession
-map (superseded id -> superseding id) and a warnings-by-target map make strength O(1) plus
-the number of live warnings on the mark.
+are dropped from the buckets when a bucket is half dead; they stay in `get()` until `gc()`.
+A supersession map (superseded id -> superseding id) and a warnings-by-target map make
+strength O(1) plus the number of live warnings on the mark.
 
 Readings chosen where the spec leaves room (also in docs/design.md):
 
 - `read(scope, ...)` reads that exact scope; marks of child scopes are not included (§13.1
-  calls hierarchical matching out for watch patterns only). Visibility and decay come from the
-  nearest defined scope (P26). A scope with no defined ancestor raises `UnknownScope`.
+  calls hierarchical matching out for watch patterns only). The package's read includes
+  child scopes; `get_intents` and `check_conflict` do here too, as in the package.
+  Visibility and decay come from the nearest defined scope (P26). A scope with no defined
+  ancestor raises `UnknownScope`.
 - `read` never returns a mark of effective strength 0 (superseded, resolved, expired, fully
   invalidated), whatever `min_strength`; otherwise it returns strength >= min_strength.
 - Each mark keeps the DecayConfig of the scope it was written under (the Postgres backend
@@ -26,9 +28,8 @@ Readings chosen where the spec leaves room (also in docs/design.md):
 - `created_at = max(clock(), last created_at)`: monotonic even if the clock steps back (P32).
 - `resolve(need_id, action_id)` writes the resolved copy as the need's own agent; it refuses
   an unknown need (`UnknownMark`), a mark that is not a need or is already resolved or
-  superseded, and an `action_id` that names a stored mark that is not an action
-  (`InvalidMark`). An `action_id` unknown to this space is accepted (the principal's action may
-  be recorded elsewhere).
+  superseded (`InvalidMark`), and, as the package does, an `action_id` that names no stored
+  mark (`UnknownMark`) or a mark that is not a successful action (`InvalidMark`).
 - Subscriptions: re-subscribing replaces the patterns AND drops what was queued (those marks
   were written before the new `subscribe()`, P49). Queued marks follow scope visibility for
   the subscriber: projected in PROTECTED scopes, never queued in CLASSIFIED ones, unless the
@@ -40,6 +41,24 @@ Readings chosen where the spec leaves room (also in docs/design.md):
   one `MarkSpace` object answers from the same verdicts (`record_verdicts`,
   `deferred_verdict`, `consume_grant`); the Postgres backend keeps them in a table, for
   every process.
+- The markspace package's API (issue 15) on both backends: its constructor order
+  `(scopes, clock, max_marks_per_agent)`, `get_mark`, `get_intents`, `check_conflict`,
+  `gc`, `read(max_tokens=)`, `resolve(agent=)`, `NeedCluster` and its exception names.
+- Quota: `max_marks_per_agent` counts an agent's live marks (stored, not superseded). A write
+  that finds the agent at the limit raises QuotaExceededError and stores nothing, even if
+  it would supersede one of the agent's marks (as the package: free a place first). A
+  superseded mark gives its place back to its own agent, whoever superseded it; `gc()`
+  gives back what it deletes. `resolve` writes the resolved copy as the need's agent without
+  a quota check (the package's rule), and the superseded need frees its place.
+- `gc(grace_period)` deletes superseded marks, resolved needs, intents `grace_period` past
+  their TTL and observations and warnings below 1e-10 (see `collectable`); never actions.
+  Warnings do not count (P35: a warned mark may recover). Each mark uses its own stored
+  decay, as reads do.
+- `resolve` needs a stored, successful action (the package's rule; UnknownMark or
+  InvalidMark otherwise, both ValidationErrors); the copy names it and its agent.
+- `aggregate_needs` clusters as the package does: one cluster per scope, priority
+  min(1, max + 0.1·log n), needs at strength 0 after warnings left out. (The web page's
+  listing keeps `core.cluster_needs`, which also splits a scope by similar question.)
 - Extras beyond the spec: `write_many` (all or nothing), `all_marks`, `registered_scopes`,
   `__len__`.
 """
@@ -50,6 +69,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -63,6 +83,7 @@ from agentpost.marks.core import (
     DEFAULT_MIN_STRENGTH,
     Action,
     Agent,
+    AnyMark,
     DecayConfig,
     DeferredVerdict,
     Intent,
@@ -72,8 +93,12 @@ from agentpost.marks.core import (
     MarkType,
     Need,
     NeedCluster,
+    Observation,
+    QuotaExceededError,
     Scope,
     ScopeVisibility,
+    Source,
+    UnauthorizedWrite,
     UnknownMark,
     UnknownScope,
     Warning,
@@ -87,11 +112,22 @@ from agentpost.marks.core import (
     new_mark_id,
     project_mark,
     read_order_key,
+    resolve_conflict,
     revalidate,
     scope_ancestors,
+    scope_covers,
     trust_weight,
     visible_to,
 )
+from agentpost.marks.core import ConflictPolicy as ConflictPolicy
+from agentpost.marks.core import ScopeError as ScopeError  # the package's names, from here too
+from agentpost.marks.core import ValidationError as ValidationError
+from agentpost.marks.core import effective_strength as effective_strength
+from agentpost.marks.core import (
+    effective_strength_with_warnings as effective_strength_with_warnings,
+)
+from agentpost.marks.core import reinforce as reinforce
+from agentpost.marks.core import scope_contains as scope_contains
 from agentpost.marks.keys import KeyInUse, KeyRecord, check_key, check_same
 
 log = logging.getLogger(__name__)
@@ -123,9 +159,10 @@ class MarkSpaceProtocol(Protocol):
     def now(self) -> float: ...
     def set_clock(self, t: float) -> None: ...
     def register_scope(self, scope: Scope) -> None: ...
-    def get_scope(self, name: str) -> Scope: ...
-    def write(self, agent: Agent, mark: Mark) -> UUID: ...
+    def get_scope(self, scope_name: str) -> Scope: ...
+    def write(self, agent: Agent, mark: AnyMark) -> uuid.UUID: ...
     def get(self, mark_id: UUID) -> Mark | None: ...
+    def get_mark(self, mark_id: uuid.UUID) -> AnyMark | None: ...
     def read(
         self,
         scope: str,
@@ -134,19 +171,28 @@ class MarkSpaceProtocol(Protocol):
         mark_type: MarkType | None = None,
         min_strength: float = DEFAULT_MIN_STRENGTH,
         reader: Agent | None = None,
-    ) -> list[Mark]: ...
+        max_tokens: int | None = None,
+    ) -> list[AnyMark]: ...
+    def get_intents(self, scope: str, resource: str) -> list[Intent]: ...
+    def check_conflict(self, scope: str, resource: str) -> uuid.UUID | None: ...
+    def gc(self, grace_period: float = 0.0) -> int: ...
     def strength_of(self, mark: Mark) -> float: ...
     def claims(self, scope: str, resource: str) -> list[Action]: ...
     def read_with_claims(
         self, scope: str, resource: str, min_strength: float = DEFAULT_MIN_STRENGTH
     ) -> tuple[list[Mark], list[Action]]: ...
-    def resolve(self, need_mark_id: UUID, resolving_action_id: UUID) -> UUID: ...
+    def resolve(
+        self,
+        need_mark_id: uuid.UUID,
+        resolving_action_id: uuid.UUID,
+        agent: Agent | None = None,
+    ) -> uuid.UUID: ...
     def aggregate_needs(self) -> list[NeedCluster]: ...
-    def add_write_hook(self, callback: WriteHook) -> UUID: ...
-    def remove_write_hook(self, handle: UUID) -> bool: ...
-    def subscribe(self, agent: Agent, patterns: Sequence[WatchPattern]) -> None: ...
+    def add_write_hook(self, hook: Callable[[uuid.UUID, AnyMark], None]) -> uuid.UUID: ...
+    def remove_write_hook(self, handle: uuid.UUID) -> bool: ...
+    def subscribe(self, agent: Agent, patterns: list[WatchPattern]) -> None: ...
     def unsubscribe(self, agent: Agent) -> None: ...
-    def get_watched_marks(self, agent: Agent, clear: bool = True) -> list[Mark]: ...
+    def get_watched_marks(self, agent: Agent, clear: bool = True) -> list[AnyMark]: ...
     def lock(self, scope: str, resource: str): ...  # a context manager
     def record_verdicts(
         self, scope: str, resource: str, verdicts: Sequence[DeferredVerdict]
@@ -264,6 +310,96 @@ def mark_type_arg(mark_type: MarkType | str | None) -> MarkType | None:
         raise InvalidArgument(f"unknown mark type {mark_type!r}") from None
 
 
+def quota_arg(limit: object) -> int | None:
+    """`max_marks_per_agent`: None (no limit) or a count >= 0."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise InvalidArgument(f"max_marks_per_agent is None or an int >= 0, not {limit!r}")
+    return limit
+
+
+def fit_tokens(marks: list[Mark], max_tokens: int | None) -> list[Mark]:
+    """The longest prefix of `marks` (strongest first) whose estimated tokens, 4
+    characters of `str(mark.model_dump())` each, add up to at most `max_tokens`: the
+    package's read budget. What is left out stays in the space."""
+    if max_tokens is None:
+        return marks
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise InvalidArgument(f"max_tokens is None or an int, not {max_tokens!r}")
+    kept: list[Mark] = []
+    used = 0
+    for mark in marks:
+        used += len(str(mark.model_dump())) // 4
+        if used > max_tokens:
+            break
+        kept.append(mark)
+    return kept
+
+
+#: observations and warnings below this decay-times-trust strength are garbage (gc)
+GC_EPSILON = 1e-10
+
+
+def collectable(mark: Mark, decay: DecayConfig, now: float, grace_period: float) -> bool:
+    """Whether `gc(grace_period)` deletes an unsuperseded `mark` (superseded marks always
+    go): an intent `grace_period` after its TTL, a resolved need at once, an observation or
+    warning once its decay-times-trust strength (warnings not counted: P35, a warned mark may
+    recover) is below GC_EPSILON and `grace_period` has passed since it got there; never an
+    action (P2)."""
+    age = now - mark.created_at
+    if isinstance(mark, Intent):
+        return compute_strength(mark, now, decay) <= 0.0 and age >= decay.intent_ttl + grace_period
+    if isinstance(mark, Need):
+        return mark.resolved_by is not None
+    if not isinstance(mark, Observation | Warning):
+        return False
+    if compute_strength(mark, now, decay) * trust_weight(mark) >= GC_EPSILON:
+        return False
+    if grace_period <= 0.0:
+        return True
+    half_life = (decay.observation_half_life if isinstance(mark, Observation)
+                 else decay.warning_half_life)
+    faded = (half_life * math.log2(mark.initial_strength / GC_EPSILON)
+             if mark.initial_strength > GC_EPSILON else 0.0)
+    return age >= faded + grace_period
+
+
+def grace_arg(grace_period: object) -> float:
+    if isinstance(grace_period, bool) or not isinstance(grace_period, int | float):
+        raise InvalidArgument(f"grace_period must be a number, not {grace_period!r}")
+    if not grace_period >= 0:
+        raise InvalidArgument(f"grace_period must be non-negative, got {grace_period}")
+    return float(grace_period)
+
+
+def resolved_copy(need: Need, action: Action) -> Need:
+    """The copy of `need` that resolves it with `action` (§8.3): it supersedes the need
+    and names the action and the agent that took it."""
+    update: dict[str, object] = {"resolved_by": action.id, "supersedes": need.id}
+    if "resolved_by_agent" in Need.model_fields:
+        update["resolved_by_agent"] = action.agent_id
+    return need.model_copy(update=update)
+
+
+#: sources from least to most trusted (§4.1): an agent may claim up to its `max_source`
+_SOURCE_RANK = {Source.EXTERNAL_UNVERIFIED: 0, Source.EXTERNAL_VERIFIED: 1, Source.FLEET: 2}
+
+
+def authorize(agent: Agent, mark: Mark, scope: Scope) -> None:
+    """`authorize_write`, then the agent's trust ceiling: an observation may not claim a
+    source more trusted than `agent.max_source` (UnauthorizedWrite, a ScopeError), so an
+    external agent cannot pass its findings off as the fleet's."""
+    authorize_write(agent, mark, scope)
+    ceiling = getattr(agent, "max_source", None)
+    if (isinstance(mark, Observation) and ceiling is not None
+            and _SOURCE_RANK[Source(mark.source)] > _SOURCE_RANK[Source(ceiling)]):
+        raise UnauthorizedWrite(
+            f"agent {agent.name!r} (max_source={Source(ceiling).value}) may not write "
+            f"observations with source={Source(mark.source).value}"
+        )
+
+
 def fire_hooks(hooks: Sequence[WriteHook], writes: Sequence[tuple[UUID, Mark]]) -> None:
     """Run snapshotted write hooks outside any lock; a failing hook changes nothing (P33)."""
     for agent_id, mark in writes:
@@ -280,17 +416,20 @@ class SpaceBase(ABC):
 
     def __init__(
         self,
-        scopes: Iterable[Scope] = (),
+        scopes: Iterable[Scope] | None = None,
         clock: ClockSpec = None,
+        max_marks_per_agent: int | None = None,
         max_content_bytes: int | None = None,
     ) -> None:
         #: the largest content of one mark this space stores (bytes of JSON)
         self.max_content_bytes = mark_content_limit(max_content_bytes)
+        #: the most live marks one agent may hold (None: no limit); see `write`
+        self.max_marks_per_agent = quota_arg(max_marks_per_agent)
         self._lock = threading.RLock()
         self._clock = make_clock(clock)
         self._scopes: dict[str, Scope] = {}
         self._hooks: dict[UUID, WriteHook] = {}
-        for scope in scopes:
+        for scope in scopes or ():
             self.register_scope(scope)
 
     @abstractmethod
@@ -311,7 +450,7 @@ class SpaceBase(ABC):
         """The space's current time (unix seconds) from its clock."""
         return float(self._clock())
 
-    def set_clock(self, t: ClockSpec) -> None:
+    def set_clock(self, t: float) -> None:
         """Fix time at `t` (or install another clock: None for wall time, a callable)."""
         clock = make_clock(t)
         with self._lock:
@@ -325,16 +464,17 @@ class SpaceBase(ABC):
         with self._lock:
             self._scopes[scope.name] = scope
 
-    def get_scope(self, name: str) -> Scope:
-        """The definition governing `name`: its own, else the nearest defined ancestor's."""
-        if not isinstance(name, str) or not name:
-            raise UnknownScope(f"no scope named {name!r}")
+    def get_scope(self, scope_name: str) -> Scope:
+        """The definition governing `scope_name`: its own, else the nearest defined
+        ancestor's. UnknownScope (a ValidationError) when there is none."""
+        if not isinstance(scope_name, str) or not scope_name:
+            raise UnknownScope(f"no scope named {scope_name!r}")
         scopes = self._scopes
-        for candidate in scope_ancestors(name):
+        for candidate in scope_ancestors(scope_name):
             found = scopes.get(candidate)
             if found is not None:
                 return found
-        raise UnknownScope(f"no scope {name!r} (nor any ancestor of it) is registered")
+        raise UnknownScope(f"no scope {scope_name!r} (nor any ancestor of it) is registered")
 
     def registered_scopes(self) -> list[Scope]:
         with self._lock:
@@ -350,22 +490,48 @@ class SpaceBase(ABC):
             check_content_size(mark, self.max_content_bytes)
         return checked
 
-    def write(self, agent: Agent, mark: Mark) -> UUID:
+    def write(self, agent: Agent, mark: AnyMark) -> uuid.UUID:
         """Store `mark` for `agent` with a fresh id and created_at = now (§8.1). Raises a
-        typed error and stores nothing if the agent, the mark or the scope say no."""
+        typed error and stores nothing if the agent, the mark, the scope or the agent's
+        quota say no."""
         return self.write_many(agent, [mark])[0]
 
-    def add_write_hook(self, callback: WriteHook) -> UUID:
-        """Call `callback(agent_id, stored_mark)` after every successful write made through
-        this object (§8.6). Hooks are process-local."""
-        if not callable(callback):
+    @abstractmethod
+    def _quota_state(self, agent_id: UUID, targets: set[UUID]) -> tuple[int, set[UUID]]:
+        """The agent's live marks (stored, not superseded) and which of `targets` are
+        among them. Under the lock that serializes the agent's writes."""
+
+    def _check_quota(self, agent: Agent, marks: Sequence[Mark]) -> None:
+        """QuotaExceededError when writing `marks` one by one would find the agent
+        already holding `max_marks_per_agent` live marks; a mark that supersedes one of the
+        agent's live marks gives its place back after it is written."""
+        limit = self.max_marks_per_agent
+        if limit is None:
+            return
+        targets = {m.supersedes for m in marks if m.supersedes is not None}
+        held, owned = self._quota_state(agent.id, targets)
+        for mark in marks:
+            if held >= limit:
+                raise QuotaExceededError(
+                    f"agent {agent.name!r} holds {held} live marks, its quota is {limit}; "
+                    "marks come back when superseded or collected by gc()"
+                )
+            held += 1
+            if mark.supersedes in owned:
+                owned.discard(mark.supersedes)
+                held -= 1
+
+    def add_write_hook(self, hook: Callable[[uuid.UUID, AnyMark], None]) -> uuid.UUID:
+        """Call `hook(agent_id, stored_mark)` after every successful write made through
+        this object (§8.6). Hooks are process-local. Returns the handle that removes it."""
+        if not callable(hook):
             raise InvalidArgument("a write hook must be callable")
         handle = uuid4()
         with self._lock:
-            self._hooks[handle] = callback
+            self._hooks[handle] = hook
         return handle
 
-    def remove_write_hook(self, handle: UUID) -> bool:
+    def remove_write_hook(self, handle: uuid.UUID) -> bool:
         with self._lock:
             return self._hooks.pop(handle, None) is not None
 
@@ -383,10 +549,33 @@ class SpaceBase(ABC):
 
     @abstractmethod
     def read(self, scope: str, resource: str | None = None, topic: str | None = None,
-             mark_type: MarkType | str | None = None,
+             mark_type: MarkType | None = None,
              min_strength: float = DEFAULT_MIN_STRENGTH,
-             reader: Agent | None = None) -> list[Mark]:
+             reader: Agent | None = None, max_tokens: int | None = None) -> list[AnyMark]:
         """§8.2's read."""
+
+    def get_mark(self, mark_id: uuid.UUID) -> AnyMark | None:
+        """The stored mark with this id, or None (the package's name for `get`)."""
+        return self.get(mark_id)
+
+    @abstractmethod
+    def get_intents(self, scope: str, resource: str) -> list[Intent]:
+        """The intents on `resource` in `scope` and its child scopes that are neither
+        superseded nor past their TTL (warnings do not count here), in write order."""
+
+    def check_conflict(self, scope: str, resource: str) -> uuid.UUID | None:
+        """The intent that wins `resource` under the scope's conflict policy (§5), among
+        `get_intents(scope, resource)`; None when there is none or the policy yields."""
+        policy = self.get_scope(scope).conflict_policy
+        intents = self.get_intents(scope, resource)
+        if len(intents) <= 1:
+            return intents[0].id if intents else None
+        return resolve_conflict(intents, policy)
+
+    @abstractmethod
+    def gc(self, grace_period: float = 0.0) -> int:
+        """Delete the marks that can never be read again, `grace_period` seconds after
+        they got there; returns how many. Frees quota. See `gc_rule`."""
 
     # ----------------------------------------------------------------- deferred verdicts
 
@@ -473,18 +662,29 @@ class SpaceBase(ABC):
             raise InvalidArgument("a boundary allows at most one agent (P17)")
         return checked
 
-    def _check_resolvable(self, need: Mark, action_id: UUID) -> None:
-        """§8.3's preconditions: a need, not yet resolved nor superseded, and an action id
-        that, if it names a stored mark, names an action."""
+    def _check_resolvable(self, need: Mark, action_id: UUID, agent: Agent | None) -> Action:
+        """§8.3's preconditions, in the package's order: a need, not yet resolved nor
+        superseded; a resolving mark stored in this space; an `agent` (if given) allowed to
+        write actions in the need's scope (UnauthorizedWrite); the resolving mark a
+        successful action. Returns that action."""
         if not isinstance(need, Need):
             raise InvalidMark(f"mark {need.id} is a {need.mark_type.value}, not a need")
         if need.resolved_by is not None or self._is_superseded(need):
             raise InvalidMark(f"need {need.id} is already resolved or superseded")
-        if not isinstance(action_id, UUID):
-            raise InvalidArgument("resolving_action_id must be a UUID")
-        action = self.get(action_id)
-        if action is not None and action.mark_type is not MarkType.ACTION:
+        if agent is not None and not isinstance(agent, Agent):
+            raise InvalidArgument(f"expected an Agent or None, got {type(agent).__name__}")
+        action = self.get(action_id) if isinstance(action_id, UUID) else None
+        if action is None:
+            raise UnknownMark(f"no resolving action {action_id!r} in this space")
+        if agent is not None and not agent.can_write(need.scope, MarkType.ACTION):
+            raise UnauthorizedWrite(
+                f"agent {agent.name!r} may not resolve needs in {need.scope!r}"
+            )
+        if not isinstance(action, Action):
             raise InvalidMark(f"mark {action_id} is a {action.mark_type.value}, not an action")
+        if action.failed:
+            raise InvalidMark(f"action {action_id} failed and cannot resolve a need")
+        return action
 
 
 # --------------------------------------------------------------------------- the space
@@ -495,12 +695,17 @@ class MarkSpace(SpaceBase):
 
     def __init__(
         self,
-        scopes: Iterable[Scope] = (),
-        clock: ClockSpec = None,
+        scopes: list[Scope] | None = None,
+        clock: float | None = None,
+        max_marks_per_agent: int | None = None,
         *,
         max_content_bytes: int | None = None,
     ) -> None:
+        """`scopes` to register; `clock` a fixed time, None for wall time (or a callable
+        returning the time); `max_marks_per_agent` the quota (None: none);
+        `max_content_bytes` the largest content of one mark (default: config)."""
         self._marks: dict[UUID, Mark] = {}
+        self._live: dict[UUID, int] = {}  # agent id -> stored, unsuperseded marks (quota)
         self._decay: dict[UUID, DecayConfig] = {}
         self._buckets: dict[BucketKey, _Bucket] = {}
         self._scope_names: dict[str, None] = {}  # scopes that hold marks, in first-write order
@@ -513,7 +718,7 @@ class MarkSpace(SpaceBase):
         self._keys: dict[str, KeyRecord] = {}
         self._boundaries = 0
         self._swept = 1
-        super().__init__(scopes, clock, max_content_bytes)
+        super().__init__(scopes, clock, max_marks_per_agent, max_content_bytes)
 
     def write_many(self, agent: Agent, marks: Sequence[Mark]) -> list[UUID]:
         """Write several marks as one step: all are checked first, and if any is refused
@@ -524,7 +729,8 @@ class MarkSpace(SpaceBase):
         with self._lock:
             scopes = [self.get_scope(m.scope) for m in checked]
             for mark, scope in zip(checked, scopes, strict=True):
-                authorize_write(agent, mark, scope)
+                authorize(agent, mark, scope)
+            self._check_quota(agent, checked)
             stored = [
                 self._commit(m, agent.id, s.decay) for m, s in zip(checked, scopes, strict=True)
             ]
@@ -547,8 +753,12 @@ class MarkSpace(SpaceBase):
         self._marks[mark_id] = stored
         self._decay[mark_id] = decay
         self._scope_names.setdefault(stored.scope, None)
+        self._live[agent_id] = self._live.get(agent_id, 0) + 1
         if stored.supersedes is not None and stored.supersedes not in self._superseded_by:
             self._superseded_by[stored.supersedes] = mark_id
+            target = self._marks.get(stored.supersedes)
+            if target is not None:
+                self._live[target.agent_id] -= 1
             self._retire(stored.supersedes)
         if isinstance(stored, Warning) and stored.invalidates is not None:
             self._warnings_on.setdefault(stored.invalidates, []).append(stored)
@@ -592,14 +802,16 @@ class MarkSpace(SpaceBase):
         scope: str,
         resource: str | None = None,
         topic: str | None = None,
-        mark_type: MarkType | str | None = None,
+        mark_type: MarkType | None = None,
         min_strength: float = DEFAULT_MIN_STRENGTH,
         reader: Agent | None = None,
-    ) -> list[Mark]:
+        max_tokens: int | None = None,
+    ) -> list[AnyMark]:
         """Marks of `scope` matching the filters whose effective strength (decay, trust,
         supersession, warnings; at now) is > 0 and >= `min_strength`, strongest first
-        (ties: created_at, id). `reader` None is infrastructure and sees full marks; an
-        Agent sees what the scope's visibility allows it (§7.4). No side effects (P28)."""
+        (ties: created_at, id), cut to `max_tokens` (see `fit_tokens`). `reader` None is
+        infrastructure and sees full marks; an Agent sees what the scope's visibility
+        allows it (§7.4). No side effects (P28)."""
         kind = mark_type_arg(mark_type)
         if reader is not None and not isinstance(reader, Agent):
             raise InvalidArgument(f"reader must be an Agent or None, not {type(reader).__name__}")
@@ -614,7 +826,8 @@ class MarkSpace(SpaceBase):
                 if (strength := self._strength(mark, now)) > 0.0 and strength >= min_strength
             ]
         scored.sort(key=lambda pair: read_order_key(pair[0], pair[1]))
-        return visible_to([m for m, _ in scored], definition, scope, reader)
+        return fit_tokens(visible_to([m for m, _ in scored], definition, scope, reader),
+                          max_tokens)
 
     @staticmethod
     def _hidden(definition: Scope, scope: str, reader: Agent | None) -> bool:
@@ -740,37 +953,107 @@ class MarkSpace(SpaceBase):
 
     # ----------------------------------------------------------------- needs
 
-    def resolve(self, need_mark_id: UUID, resolving_action_id: UUID) -> UUID:
-        """Resolve a need (§8.3): write a copy with `resolved_by` that supersedes it, so
-        the need is at strength 0 on the next read (P29, P30). Returns the copy's id."""
+    def resolve(
+        self,
+        need_mark_id: uuid.UUID,
+        resolving_action_id: uuid.UUID,
+        agent: Agent | None = None,
+    ) -> uuid.UUID:
+        """Resolve a need (§8.3) with a stored, successful action: write a copy with
+        `resolved_by` that supersedes it, so the need is at strength 0 on the next read
+        (P29, P30). `agent`, if given, must be allowed to write actions in the need's scope. Returns
+        the copy's id. The copy is the need's agent's mark (it takes the need's place in
+        that agent's quota)."""
         with self._lock:
-            need = self._marks.get(need_mark_id)
+            need = self._marks.get(need_mark_id) if isinstance(need_mark_id, UUID) else None
             if need is None:
                 raise UnknownMark(f"no mark {need_mark_id} in this space")
-            self._check_resolvable(need, resolving_action_id)
-            copy = need.model_copy(
-                update={"resolved_by": resolving_action_id, "supersedes": need.id}
-            )
+            action = self._check_resolvable(need, resolving_action_id, agent)
+            assert isinstance(need, Need)
+            copy = resolved_copy(need, action)
             stored = self._commit(copy, need.agent_id, self._decay[need.id])
             hooks = list(self._hooks.values())
         fire_hooks(hooks, [(stored.agent_id, stored)])
         return stored.id
 
-    def aggregate_needs(self) -> list[NeedCluster]:
-        """Unresolved, unsuperseded needs of every scope, clustered and scored (§8.4)."""
+    def get_intents(self, scope: str, resource: str) -> list[Intent]:
+        """The intents on `resource` in `scope` and its child scopes that are neither
+        superseded nor past their TTL (warnings do not count here), in write order."""
         with self._lock:
+            self.get_scope(scope)
+            now = self.now()
+            found = [
+                mark
+                for name in self._scope_names
+                if scope_covers(scope, name)
+                and (bucket := self._buckets.get((name, MarkType.INTENT, resource))) is not None
+                for mark in bucket.live(now, 0.0)
+                if isinstance(mark, Intent) and mark.id not in self._superseded_by
+                and compute_strength(mark, now, self._decay[mark.id]) > 0.0
+            ]
+        return sorted(found, key=lambda m: (m.created_at, m.id))
+
+    def _quota_state(self, agent_id: UUID, targets: set[UUID]) -> tuple[int, set[UUID]]:
+        owned = {
+            t for t in targets
+            if (m := self._marks.get(t)) is not None and m.agent_id == agent_id
+            and t not in self._superseded_by
+        }
+        return self._live.get(agent_id, 0), owned
+
+    def gc(self, grace_period: float = 0.0) -> int:
+        """Delete superseded marks and the marks `collectable` says are garbage; rebuild
+        the indexes from what is left. Returns how many marks went."""
+        grace = grace_arg(grace_period)
+        with self._lock:
+            now = self.now()
+            doomed = {
+                mark_id for mark_id, mark in self._marks.items()
+                if mark_id in self._superseded_by
+                or collectable(mark, self._decay[mark_id], now, grace)
+            }
+            if doomed:
+                self._drop(doomed)
+        return len(doomed)
+
+    def _drop(self, doomed: set[UUID]) -> None:
+        """Forget `doomed` marks and rebuild every index over the rest. Under the lock."""
+        for mark_id in doomed:
+            del self._marks[mark_id]
+            del self._decay[mark_id]
+        self._superseded_by = {
+            old: new for old, new in self._superseded_by.items() if old in self._marks
+        }
+        self._buckets = {}
+        self._warnings_on = {}
+        self._live = {}
+        for mark in self._marks.values():
+            if mark.id not in self._superseded_by:
+                self._live[mark.agent_id] = self._live.get(mark.agent_id, 0) + 1
+            if isinstance(mark, Warning) and mark.invalidates is not None:
+                self._warnings_on.setdefault(mark.invalidates, []).append(mark)
+            if mark.id not in self._superseded_by and not (
+                isinstance(mark, Need) and mark.resolved_by is not None
+            ):
+                self._index(mark, self._decay[mark.id])
+
+    def aggregate_needs(self) -> list[NeedCluster]:
+        """The open needs (unresolved, unsuperseded, strength > 0 after warnings) of
+        every scope, one cluster per scope (`core.cluster_needs`, §8.4)."""
+        with self._lock:
+            now = self.now()
             needs = [
                 mark
                 for name in self._scope_names
                 if (bucket := self._buckets.get((name, MarkType.NEED, None))) is not None
                 for mark in bucket.marks
-                if mark.id not in self._superseded_by
+                if isinstance(mark, Need) and self._strength(mark, now) > 0.0
             ]
         return cluster_needs(needs)
 
     # ----------------------------------------------------------------- subscriptions
 
-    def subscribe(self, agent: Agent, patterns: Sequence[WatchPattern]) -> None:
+    def subscribe(self, agent: Agent, patterns: list[WatchPattern]) -> None:
         """Queue marks written from now on that match any pattern (§13.3). Replaces an
         earlier subscription and its queue (P48, P49)."""
         if not isinstance(agent, Agent):
@@ -786,27 +1069,32 @@ class MarkSpace(SpaceBase):
         with self._lock:
             self._subscriptions.pop(agent_id_of(agent), None)
 
-    def get_watched_marks(self, agent: Agent, clear: bool = True) -> list[Mark]:
+    def get_watched_marks(self, agent: Agent, clear: bool = True) -> list[AnyMark]:
         """Marks queued for the agent since its last poll, in write order (P50–P52); with
-        `clear` they are handed out once only (P51)."""
+        `clear` they are handed out once only (P51). Marks gc() deleted meanwhile are
+        left out, as on Postgres."""
         with self._lock:
             sub = self._subscriptions.get(agent_id_of(agent))
             if sub is None:
                 return []
-            marks = list(sub.queue)
+            marks = [m for m in sub.queue if m.id in self._marks]
             if clear:
                 sub.queue.clear()
         return marks
 
     def _enqueue(self, mark: Mark) -> None:
-        """Queue a just-written mark for every other subscriber it matches. Under the lock."""
+        """Queue a just-written mark for every other subscriber it matches, or whose
+        patterns match the mark it supersedes (so a watcher learns its mark was replaced,
+        as in the package). Under the lock."""
         if not self._subscriptions:
             return
         definition = self.get_scope(mark.scope)
+        replaced = self._marks.get(mark.supersedes) if mark.supersedes is not None else None
         for sub in self._subscriptions.values():
             if sub.agent.id == mark.agent_id:
                 continue
-            if not any(p.matches(mark) for p in sub.patterns):
+            if not any(p.matches(mark) or (replaced is not None and p.matches(replaced))
+                       for p in sub.patterns):
                 continue
             delivered = self._as_seen_by(mark, definition, sub.agent)
             if delivered is not None:

@@ -1,9 +1,11 @@
-"""Telemetry for the guard (spec §9.11): metrics and structured log events go to a sink, never
-into the mark space. Marks are coordination signals between agents; telemetry is operational
-data for people.
+"""Telemetry for the guard (Markspace §9.11): metrics and structured log events go to a sink,
+never into the mark space. Marks are coordination signals between agents; telemetry is
+operational data for people.
 
-The sink interface is OpenTelemetry-shaped: a metric is a named instrument reading (counter,
-gauge or histogram) with string labels, a log event is a named record with attributes.
+The sink interface is the package's `TelemetrySink` ABC, OpenTelemetry-shaped: counters, gauges
+and histograms with string labels (`record_counter`, `record_gauge`, `record_histogram`), and
+one structured `TelemetryEvent` per guard decision (`emit_event`). A sink written against the
+package plugs into our guard unchanged.
 
 P57 (non-interference): the guard emits through `Emitter`, which swallows every sink error, so
 a failing sink can never change a verdict, a stored mark or a read.
@@ -13,23 +15,26 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# The metric names of §9.11.
-MARKS_WRITTEN = "markspace.marks.written"
-MARKS_READ = "markspace.marks.read"
-TOKENS_INPUT = "markspace.tokens.input"
-TOKENS_OUTPUT = "markspace.tokens.output"
-CONFLICTS_RESOLVED = "markspace.conflicts.resolved"
-ACTIVE_MARKS = "markspace.space.active_marks"
-TOTAL_MARKS = "markspace.space.total_marks"
-BUDGET_REMAINING = "markspace.agent.budget.remaining"
-ROUND_DURATION = "markspace.agent.round.duration"
-NEEDS_PENDING = "markspace.needs.pending"
+# The metric names of §9.11 (package names: METRIC_*).
+MARKS_WRITTEN = METRIC_MARKS_WRITTEN = "markspace.marks.written"
+MARKS_READ = METRIC_MARKS_READ = "markspace.marks.read"
+TOKENS_INPUT = METRIC_TOKENS_INPUT = "markspace.tokens.input"
+TOKENS_OUTPUT = METRIC_TOKENS_OUTPUT = "markspace.tokens.output"
+CONFLICTS_RESOLVED = METRIC_CONFLICTS_RESOLVED = "markspace.conflicts.resolved"
+ACTIVE_MARKS = METRIC_SPACE_ACTIVE_MARKS = "markspace.space.active_marks"
+TOTAL_MARKS = METRIC_SPACE_TOTAL_MARKS = "markspace.space.total_marks"
+BUDGET_REMAINING = METRIC_BUDGET_REMAINING = "markspace.agent.budget.remaining"
+ROUND_DURATION = METRIC_ROUND_DURATION = "markspace.agent.round.duration"
+NEEDS_PENDING = METRIC_NEEDS_PENDING = "markspace.needs.pending"
 
 # The log events the guard emits (P58: one per write_mark and per execute, accepted or not).
 EVENT_WRITE_MARK = "markspace.write_mark"
@@ -39,6 +44,7 @@ EVENT_RESOLVE_DEFERRED = "markspace.resolve_deferred"
 EVENT_RESTRICTION = "markspace.restriction"
 EVENT_SYSTEM_WRITE_FAILED = "markspace.system_write_failed"
 EVENT_ROUND = "markspace.round"
+_EVENT_PREFIX = "markspace."
 
 
 class MetricKind(StrEnum):
@@ -48,7 +54,8 @@ class MetricKind(StrEnum):
 
 
 class MetricPoint(BaseModel):
-    """One instrument reading: a counter increment, a gauge value or a histogram sample."""
+    """One instrument reading, as `InMemorySink.metrics` keeps it (ours, beside the
+    package's ``counters``/``gauges``/``histograms`` tuples)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -56,50 +63,165 @@ class MetricPoint(BaseModel):
     kind: MetricKind
     value: float
     labels: dict[str, str] = Field(default_factory=dict)
-    at: float
 
 
-class LogEvent(BaseModel):
-    """One structured log record."""
+@dataclass
+class TelemetryEvent:
+    """One structured record per guard decision (P58). The fields up to ``extra`` are the
+    package's; ``name`` (the full event name, e.g. ``markspace.write_mark``) and
+    ``attributes`` (everything the guard reported, JSON-friendly) are ours."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    timestamp: float = field(default_factory=time.time)
+    agent_id: str = ""
+    operation: str = ""
+    scope: str = ""
+    mark_type: str = ""
+    verdict: str = ""
+    conflict_check: bool = False
+    conflict_found: bool = False
+    envelope_status: str = ""
+    barrier_restricted: bool = False
+    input_tokens_this_round: int = 0
+    output_tokens_this_round: int = 0
+    budget_remaining_input: int = -1
+    budget_remaining_output: int = -1
+    reason: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+    attributes: dict[str, Any] = field(default_factory=dict)
 
-    name: str
-    at: float
-    attributes: dict[str, Any] = Field(default_factory=dict)
+    @property
+    def at(self) -> float:
+        return self.timestamp
+
+    @classmethod
+    def from_attributes(
+        cls, name: str, at: float, attributes: Mapping[str, Any]
+    ) -> TelemetryEvent:
+        """Build the package-shaped event from the guard's named attributes: the ones the
+        package has a field for fill it, the rest go to ``extra``."""
+        plain = _plain(dict(attributes))
+        typed = {f.name: f.type for f in fields(cls)}
+        known: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for key, value in plain.items():
+            target = known if key in _EVENT_FIELDS and value is not None else extra
+            target[key] = _as_field(typed[key], value) if target is known else value
+        if plain.get("verdict") == "conflict":
+            known.setdefault("conflict_found", True)
+        return cls(
+            timestamp=float(at),
+            operation=name.removeprefix(_EVENT_PREFIX),
+            extra=extra,
+            name=name,
+            attributes=plain,
+            **known,
+        )
 
 
-@runtime_checkable
-class TelemetrySink(Protocol):
-    def record_metric(self, point: MetricPoint) -> None: ...
+_EVENT_FIELDS = frozenset(
+    f.name
+    for f in fields(TelemetryEvent)
+    if f.name not in {"timestamp", "operation", "extra", "name", "attributes"}
+)
 
-    def log_event(self, event: LogEvent) -> None: ...
+
+def _as_field(annotation: Any, value: Any) -> Any:
+    kind = {"str": str, "bool": bool, "int": int}.get(str(annotation))
+    try:
+        return kind(value) if kind is not None else value
+    except (TypeError, ValueError):
+        return value
 
 
-class NullSink:
+class TelemetrySink(ABC):
+    """Where telemetry goes (§9.11). Implementations must be thread-safe; the guard never
+    lets one of their errors through (P57)."""
+
+    @abstractmethod
+    def emit_event(self, event: TelemetryEvent) -> None:
+        """One structured event."""
+
+    @abstractmethod
+    def record_counter(self, name: str, value: float, labels: dict[str, str]) -> None:
+        """Add ``value`` to counter ``name``."""
+
+    @abstractmethod
+    def record_gauge(self, name: str, value: float, labels: dict[str, str]) -> None:
+        """Set gauge ``name`` to ``value``."""
+
+    @abstractmethod
+    def record_histogram(self, name: str, value: float, labels: dict[str, str]) -> None:
+        """One sample of histogram ``name``."""
+
+    def flush(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Push out anything buffered (optional)."""
+
+    # ours: one entry point for every kind of reading
+    def record_metric(self, point: MetricPoint) -> None:
+        record = {
+            MetricKind.COUNTER: self.record_counter,
+            MetricKind.GAUGE: self.record_gauge,
+            MetricKind.HISTOGRAM: self.record_histogram,
+        }[point.kind]
+        record(point.name, point.value, dict(point.labels))
+
+    def log_event(self, event: TelemetryEvent) -> None:
+        """Our earlier name of `emit_event` (deprecated)."""
+        self.emit_event(event)
+
+
+class NullSink(TelemetrySink):
     """Discards everything (the default)."""
 
-    def record_metric(self, point: MetricPoint) -> None:
+    def emit_event(self, event: TelemetryEvent) -> None:
         return None
 
-    def log_event(self, event: LogEvent) -> None:
+    def record_counter(self, name: str, value: float, labels: dict[str, str]) -> None:
+        return None
+
+    def record_gauge(self, name: str, value: float, labels: dict[str, str]) -> None:
+        return None
+
+    def record_histogram(self, name: str, value: float, labels: dict[str, str]) -> None:
         return None
 
 
-class InMemorySink:
-    """Keeps everything, for tests and for inspection in a REPL."""
+class InMemorySink(TelemetrySink):
+    """Keeps everything, for tests and for inspection in a REPL. ``events``, ``counters``,
+    ``gauges`` and ``histograms`` as the package; ``metrics`` and the query helpers are ours."""
 
     def __init__(self) -> None:
+        self.events: list[TelemetryEvent] = []
+        self.counters: list[tuple[str, float, dict[str, str]]] = []
+        self.gauges: list[tuple[str, float, dict[str, str]]] = []
+        self.histograms: list[tuple[str, float, dict[str, str]]] = []
         self.metrics: list[MetricPoint] = []
-        self.events: list[LogEvent] = []
 
-    def record_metric(self, point: MetricPoint) -> None:
-        self.metrics.append(point)
-
-    def log_event(self, event: LogEvent) -> None:
+    def emit_event(self, event: TelemetryEvent) -> None:
         self.events.append(event)
 
-    def events_named(self, name: str) -> list[LogEvent]:
+    def record_counter(self, name: str, value: float, labels: dict[str, str]) -> None:
+        self._keep(self.counters, MetricKind.COUNTER, name, value, labels)
+
+    def record_gauge(self, name: str, value: float, labels: dict[str, str]) -> None:
+        self._keep(self.gauges, MetricKind.GAUGE, name, value, labels)
+
+    def record_histogram(self, name: str, value: float, labels: dict[str, str]) -> None:
+        self._keep(self.histograms, MetricKind.HISTOGRAM, name, value, labels)
+
+    def _keep(
+        self,
+        into: list[tuple[str, float, dict[str, str]]],
+        kind: MetricKind,
+        name: str,
+        value: float,
+        labels: dict[str, str],
+    ) -> None:
+        into.append((name, value, labels))
+        self.metrics.append(MetricPoint(name=name, kind=kind, value=value, labels=dict(labels)))
+
+    def events_named(self, name: str) -> list[TelemetryEvent]:
         return [event for event in self.events if event.name == name]
 
     def points_named(self, name: str, **labels: str) -> list[MetricPoint]:
@@ -119,43 +241,70 @@ class InMemorySink:
         return points[-1].value if points else None
 
     def clear(self) -> None:
-        self.metrics.clear()
-        self.events.clear()
+        for kept in (self.events, self.counters, self.gauges, self.histograms, self.metrics):
+            kept.clear()
 
 
-class StructuredLogSink:
-    """Writes one JSON object per metric point and per event through Python logging."""
+class StructuredLogSink(TelemetrySink):
+    """One JSON object per event (at INFO) and per metric reading (at ``metric_level``, DEBUG
+    as the package) through Python logging, for log collectors."""
 
-    def __init__(self, logger: logging.Logger | None = None, level: int = logging.INFO) -> None:
-        self.logger = logger or logging.getLogger("agentpost.marks.telemetry")
+    def __init__(
+        self,
+        logger_name: str = "markspace.telemetry",
+        *,
+        logger: logging.Logger | None = None,
+        level: int = logging.INFO,
+        metric_level: int = logging.DEBUG,
+    ) -> None:
+        self.logger = logger or logging.getLogger(logger_name)
         self.level = level
+        self.metric_level = metric_level
 
-    def record_metric(self, point: MetricPoint) -> None:
-        self.logger.log(self.level, _to_json({"metric": point.model_dump(mode="json")}))
+    def emit_event(self, event: TelemetryEvent) -> None:
+        self.logger.log(self.level, _to_json(asdict(event)))
 
-    def log_event(self, event: LogEvent) -> None:
-        self.logger.log(self.level, _to_json({"event": event.model_dump(mode="json")}))
+    def record_counter(self, name: str, value: float, labels: dict[str, str]) -> None:
+        self._metric(MetricKind.COUNTER, name, value, labels)
+
+    def record_gauge(self, name: str, value: float, labels: dict[str, str]) -> None:
+        self._metric(MetricKind.GAUGE, name, value, labels)
+
+    def record_histogram(self, name: str, value: float, labels: dict[str, str]) -> None:
+        self._metric(MetricKind.HISTOGRAM, name, value, labels)
+
+    def _metric(self, kind: MetricKind, name: str, value: float, labels: dict[str, str]) -> None:
+        payload = {"metric": name, "type": kind.value, "value": value, **labels}
+        self.logger.log(self.metric_level, _to_json(payload))
 
 
-class FailingSink:
+class FailingSink(TelemetrySink):
     """Raises on every call: the sink of the P57 tests."""
 
-    def __init__(self, error: type[Exception] = RuntimeError) -> None:
+    def __init__(self, *, error: type[Exception] = RuntimeError) -> None:
         self.error = error
         self.calls = 0
 
-    def record_metric(self, point: MetricPoint) -> None:
-        self.calls += 1
-        raise self.error(f"telemetry sink failure ({point.name})")
+    def emit_event(self, event: TelemetryEvent) -> None:
+        self._fail(getattr(event, "name", "event"))
 
-    def log_event(self, event: LogEvent) -> None:
+    def record_counter(self, name: str, value: float, labels: dict[str, str]) -> None:
+        self._fail(name)
+
+    def record_gauge(self, name: str, value: float, labels: dict[str, str]) -> None:
+        self._fail(name)
+
+    def record_histogram(self, name: str, value: float, labels: dict[str, str]) -> None:
+        self._fail(name)
+
+    def _fail(self, what: str) -> None:
         self.calls += 1
-        raise self.error(f"telemetry sink failure ({event.name})")
+        raise self.error(f"telemetry sink failure ({what})")
 
 
 class Emitter:
-    """The guard's side of a sink: builds points and events and never lets a sink error out
-    (P57). ``clock`` is the space's clock, so telemetry times agree with mark times."""
+    """The guard's side of a sink: builds readings and events and never lets a sink error
+    out (P57). ``clock`` is the space's clock, so event times agree with mark times."""
 
     def __init__(self, sink: TelemetrySink, clock: Any) -> None:
         self.sink = sink
@@ -163,33 +312,25 @@ class Emitter:
         self.failures = 0
 
     def count(self, name: str, labels: Mapping[str, object], value: float = 1.0) -> None:
-        self._metric(name, MetricKind.COUNTER, value, labels)
+        self._metric(self.sink.record_counter, name, value, labels)
 
     def gauge(self, name: str, labels: Mapping[str, object], value: float) -> None:
-        self._metric(name, MetricKind.GAUGE, value, labels)
+        self._metric(self.sink.record_gauge, name, value, labels)
 
     def observe(self, name: str, labels: Mapping[str, object], value: float) -> None:
-        self._metric(name, MetricKind.HISTOGRAM, value, labels)
+        self._metric(self.sink.record_histogram, name, value, labels)
 
     def event(self, name: str, **attributes: Any) -> None:
         try:
-            record = LogEvent(name=name, at=self._now(), attributes=_plain(attributes))
-            self.sink.log_event(record)
+            self.sink.emit_event(TelemetryEvent.from_attributes(name, self._now(), attributes))
         except Exception:
             self.failures += 1
 
     def _metric(
-        self, name: str, kind: MetricKind, value: float, labels: Mapping[str, object]
+        self, record: Any, name: str, value: float, labels: Mapping[str, object]
     ) -> None:
         try:
-            point = MetricPoint(
-                name=name,
-                kind=kind,
-                value=float(value),
-                labels={key: str(val) for key, val in labels.items()},
-                at=self._now(),
-            )
-            self.sink.record_metric(point)
+            record(name, float(value), {key: str(val) for key, val in labels.items()})
         except Exception:
             self.failures += 1
 

@@ -246,7 +246,7 @@ def apply(store: EnvelopeStore, fleet: Fleet, *, dry_run: bool = False) -> Fleet
 def _mark_space(store: EnvelopeStore, fleet: Fleet) -> Any:
     from agentpost.marks.postgres import PostgresMarkSpace
 
-    return PostgresMarkSpace(store.dsn, scopes=fleet.scopes, space=fleet.space, pool_size=1)
+    return PostgresMarkSpace(dsn=store.dsn, scopes=fleet.scopes, space=fleet.space, pool_size=1)
 
 
 def _subscribe(space: Any, fleet: Fleet, change: Change) -> None:

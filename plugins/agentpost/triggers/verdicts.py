@@ -35,7 +35,7 @@ def current_verdict(dsn: str, space: str, scope: str, resource: str,
     """The agent's verdict in the mark space, through the space's own API. Blocking."""
     from agentpost.marks.postgres import PostgresMarkSpace
 
-    with PostgresMarkSpace(dsn, space=space, pool_size=1) as marks:
+    with PostgresMarkSpace(dsn=dsn, space=space, pool_size=1) as marks:
         return marks.deferred_verdict(scope, resource, UUID(agent_id))
 
 

@@ -234,13 +234,13 @@ def _needs(store: EnvelopeStore, space: str, scope: str | None) -> list[dict[str
                                   initial_strength=r["initial_strength"],
                                   priority=r["priority"], blocking=r["blocking"],
                                   question=r["body"].get("question", ""),
-                                  context=r["body"].get("context", {}))
+                                  context=r["body"].get("context"))
              for r in rows]
     return [{"scope": c.scope, "priority": c.effective_priority, "blocking": c.blocking_count,
              "question": c.needs[0].question, "size": len(c.needs),
              "needs": [{"id": str(n.id), "agent": str(n.agent_id), "question": n.question,
                         "priority": n.priority, "blocking": n.blocking,
-                        "context": dict(n.context)} for n in c.needs[:PER_CLUSTER]]}
+                        "context": n.context} for n in c.needs[:PER_CLUSTER]]}
             for c in cluster_needs(needs)[:CLUSTERS]]
 
 
@@ -382,7 +382,7 @@ def resolve_need(dsn: str, key: bytes, space: str, need_id: UUID, need: dict[str
     """Write the person's action, resolve the need with it (§8.3) and sign the trail entry,
     in one transaction: all three or none."""
     agent = person_agent(user, need["scope"])
-    with PersonSpace(dsn, space=space) as marks:
+    with PersonSpace(dsn=dsn, space=space) as marks:
         marks.register_scope(Scope(name=need["scope"], visibility=ScopeVisibility.CLASSIFIED))
         try:
             with marks.lock(need["scope"], f"need:{need_id}"):
