@@ -51,8 +51,43 @@ TOLERANCE = 1e-9
 
 RESOURCES = ("r1", "r2", "r3")
 TOPICS = ("price", "load", "other")  # "other" is not an observation topic of "desk"
+# Differences from the package found by this test and still open (reported to the owners of
+# guard.py and space.py; issue 15). Each has a strict xfail test below that reproduces it
+# (it starts passing, and so failing as XPASS, once fixed: then delete the entry, its test and
+# the narrow exclusion that names it). The random test leaves out exactly these cases.
+OPEN = {
+    "hierarchy": "read(scope) and get_intents(scope, ...) leave out the marks of child scopes "
+                 "(\"desk/east\" under \"desk\"); the package includes them (scope_contains)",
+    "zero": "read(min_strength=0.0) leaves out marks at strength 0 (expired intents, "
+            "invalidated marks, resolved needs); the package returns them (strength >= 0)",
+    "verb": "pre_action with an intent verb the scope does not list answers DENIED; the "
+            "package raises ValidationError (its space.write refuses the intent)",
+    "claimed": "pre_action on a resource another agent's action holds: CONFLICT with a "
+               "winning_intent made from that action; the package's winning_intent is None",
+    "own_intent": "pre_action/execute by an agent that already holds an active intent on the "
+                  "resource supersedes that intent; the package writes a new plain intent and "
+                  "resolves among all (a FIRST_WRITER agent then yields to its own older "
+                  "intent); post_action(intent_id=None) supersedes the agent's intent, the "
+                  "package's action supersedes nothing",
+    "notify": "post_action over another agent's action also writes a Warning to that agent "
+              "(§6.3's SHOULD); the package writes only the superseding action",
+    "deferred": "pre_action on a deferred scope lists the other intents as "
+                "conflicting_intents; the package's BLOCKED decision lists none",
+    "resolved_at": "resolve stamps the resolved copy with created_at = now; the package's copy "
+                   "keeps the need's created_at",
+    "resolve_resolved": "resolve of the copy an earlier resolve returned raises InvalidMark "
+                        "(already resolved); the package resolves it again (the copy is not "
+                        "superseded) and checks the agent first (ScopeError)",
+    "deferred_loser": "resolve_deferred gives a losing agent BLOCKED (check DEFERRED); the "
+                      "package gives it CONFLICT (and the decisions' conflicting_intents differ "
+                      "when an agent holds several intents)",
+    "failed_result": "execute's failed action records result {'error': <exception class>, "
+                     "'message': str(exc)}; the package's is {'error': str(exc), 'status': "
+                     "'failed'}",
+}
+
 SCOPE_NAMES = ("desk", "desk/east", "bid", "pool", "crowd", "nowhere")
-MIN_STRENGTHS = (0.0, 0.01, 0.2, 0.6, 1.0)
+MIN_STRENGTHS = (0.01, 0.2, 0.6, 1.0)  # and 0.0: OPEN["zero"]
 ADVANCES = (1.0, 7.0, 35.0, 65.0, 250.0)
 
 
@@ -184,10 +219,9 @@ class Intents:
 
 # mostly the agents and scopes that may act, sometimes the ones that may not
 agents_st = st.sampled_from(("ann", "ann", "bob", "bob", "cat", "dan"))
-scopes_st = st.sampled_from(("desk", "desk", "bid", "pool", "pool", "crowd", "desk/east",
-                             "nowhere"))
-guarded_scopes_st = st.sampled_from(("desk", "bid", "bid", "pool", "pool", "crowd",
-                                     "desk/east"))
+# "desk/east" (a child of "desk") is left out while OPEN["hierarchy"]
+scopes_st = st.sampled_from(("desk", "desk", "bid", "pool", "pool", "crowd", "nowhere"))
+guarded_scopes_st = st.sampled_from(("desk", "bid", "bid", "pool", "pool", "crowd"))
 resources_st = st.sampled_from(RESOURCES[:2])
 unit_st = st.sampled_from((0.2, 0.5, 0.7, 0.9, 1.0))
 ref_st = st.none() | st.integers(0, 40)
@@ -348,10 +382,11 @@ def _apply(side: Side, op: Any) -> Any:
 
 
 class Mapping:
-    """Package mark id -> our mark id, by write order."""
+    """Package mark id -> our mark id, by write order; `relaxed`: leave out OPEN cases."""
 
-    def __init__(self) -> None:
+    def __init__(self, relaxed: bool = True) -> None:
         self.ids: dict[uuid.UUID, uuid.UUID] = {}
+        self.relaxed = relaxed
 
     def __call__(self, value: uuid.UUID | None) -> uuid.UUID | None:
         if value is None or value in AGENT_IDS.values():
@@ -419,24 +454,41 @@ def _same_read(theirs: Side, mine: Side, got_theirs: list[Any], got_mine: list[A
         op, [(s, m) for s, m in expected], [(s, m) for s, m in got])
     for (s_theirs, m_theirs), (s_mine, m_mine) in zip(expected, got, strict=True):
         assert math.isclose(s_theirs, s_mine, rel_tol=0, abs_tol=TOLERANCE), (op, m_theirs)
-        _same_mark(m_theirs, m_mine, mapping, f"read {op}", _wording(theirs, m_theirs))
+        _same_mark(m_theirs, m_mine, mapping, f"read {op}", _unchecked(mapping, m_theirs))
 
 
-def _wording(side: Side, mark: Any) -> frozenset[str]:
-    """The guard's own YIELD_ALL need: its question and context are worded by each side."""
+def _unchecked(mapping: Mapping, mark: Any) -> frozenset[str]:
+    """Fields not compared: the wording of the guard's own YIELD_ALL need (each side's), and
+    a failed action's result while OPEN["failed_result"]."""
     guard_need = type(mark).__name__ == "Need" and getattr(mark, "blocking", False) and \
         isinstance(mark.context, dict) and "resource" in mark.context
-    return GUARD_WORDING if guard_need else frozenset()
+    if guard_need:
+        return GUARD_WORDING
+    if mapping.relaxed and getattr(mark, "failed", False):
+        return frozenset({"result"})
+    return frozenset()
 
 
 def _same_decision(theirs: Any, mine: Any, mapping: Mapping, op: Any) -> None:
     assert _plain(mine.verdict) == _plain(theirs.verdict), (op, theirs, mine)
     assert mine.intent_id == mapping(theirs.intent_id), (op, theirs, mine)
-    winner = None if theirs.winning_intent is None else mapping(theirs.winning_intent.id)
-    mine_winner = None if mine.winning_intent is None else mine.winning_intent.id
-    assert mine_winner == winner, (op, theirs, mine)
+    claimed = _plain(theirs.verdict) == "conflict" and theirs.intent_id is None
+    if not (mapping.relaxed and claimed):  # OPEN["claimed"]
+        winner = None if theirs.winning_intent is None else mapping(theirs.winning_intent.id)
+        mine_winner = None if mine.winning_intent is None else mine.winning_intent.id
+        assert mine_winner == winner, (op, theirs, mine)
+    deferred = isinstance(op, PreAction | Execute) and _plain(theirs.verdict) == "blocked" \
+        and op.scope == "pool"
+    if mapping.relaxed and deferred:  # OPEN["deferred"]
+        return
     assert sorted(str(i.id) for i in mine.conflicting_intents) == sorted(
         str(mapping(i.id)) for i in theirs.conflicting_intents), (op, theirs, mine)
+
+
+def _same_winner(theirs: Any, mine: Any, mapping: Mapping, op: Any) -> None:
+    allowed = _plain(theirs.verdict) == "allow"
+    assert (_plain(mine.verdict) == "allow") == allowed, (op, theirs, mine)
+    assert mine.intent_id == mapping(theirs.intent_id), (op, theirs, mine)
 
 
 def _same_result(theirs: Side, mine: Side, op: Any, got_theirs: Any, got_mine: Any,
@@ -451,7 +503,10 @@ def _same_result(theirs: Side, mine: Side, op: Any, got_theirs: Any, got_mine: A
     elif isinstance(op, ResolveDeferred):
         assert set(got_mine) == set(got_theirs), (op, got_theirs, got_mine)
         for agent_id, decision in got_theirs.items():
-            _same_decision(decision, got_mine[agent_id], mapping, op)
+            if mapping.relaxed:  # OPEN["deferred_loser"]: the same winner and intents
+                _same_winner(decision, got_mine[agent_id], mapping, op)
+            else:
+                _same_decision(decision, got_mine[agent_id], mapping, op)
     elif isinstance(op, AggregateNeeds):
         _same_clusters(got_theirs, got_mine, mapping)
     elif isinstance(op, Intents):
@@ -512,8 +567,12 @@ def _step(theirs: Side, mine: Side, op: Any, mapping: Mapping) -> None:
     assert len(stored_mine) == len(stored_theirs), (op, stored_theirs, stored_mine)
     for m_theirs, m_mine in zip(stored_theirs, stored_mine, strict=True):
         mapping.ids[m_theirs.id] = m_mine.id
+    skip: frozenset[str] = frozenset()
+    if mapping.relaxed and isinstance(op, Resolve):
+        skip = frozenset({"created_at"})  # OPEN["resolved_at"]
     for m_theirs, m_mine in zip(stored_theirs, stored_mine, strict=True):
-        _same_mark(m_theirs, m_mine, mapping, f"stored by {op}", _wording(theirs, m_theirs))
+        _same_mark(m_theirs, m_mine, mapping, f"stored by {op}",
+                   _unchecked(mapping, m_theirs) | skip)
     if err_theirs is not None:
         return
     for side, got in ((theirs, got_theirs), (mine, got_mine)):
@@ -536,11 +595,39 @@ def _decisions(op: Any, got: Any) -> list[Any]:
 # --------------------------------------------------------------------------- the tests
 
 
-def _run(operations: list[Any], space: Any) -> None:
+def _open_case(theirs: Side, op: Any) -> str | None:
+    """The OPEN difference `op` would run into, judged on the package's state, or None."""
+    if isinstance(op, Resolve):
+        need = theirs.space.get_mark(_ref(_ids(theirs, "Need", op.typed), op.need))
+        resolved = need is not None and getattr(need, "resolved_by", None) is not None
+        return "resolve_resolved" if resolved else None
+    if not isinstance(op, PreAction | Execute | PostAction):
+        return None
+    try:
+        definition = theirs.space.get_scope(op.scope)
+    except pkg.ValidationError:
+        return None  # an unknown scope: both must refuse it alike
+    verbs = definition.allowed_intent_verbs
+    if isinstance(op, PreAction) and verbs and op.verb not in verbs:
+        return "verb"
+    agent = theirs.agents[op.agent]
+    if any(i.agent_id == agent.id for i in theirs.space.get_intents(op.scope, op.resource)):
+        return "own_intent"
+    actions = theirs.space.read(op.scope, resource=op.resource, mark_type=pkg.MarkType.ACTION)
+    if isinstance(op, PostAction) and any(not a.failed and a.agent_id != agent.id
+                                          for a in actions):
+        return "notify"
+    return None
+
+
+def _run(operations: list[Any], space: Any, relaxed: bool = True) -> None:
+    """Both sides through `operations`; `relaxed` leaves out the OPEN cases."""
     theirs = Side.build(pkg, pkg.MarkSpace(scopes=_scopes(pkg), clock=T0))
     mine = Side.build(ours, space)
-    mapping = Mapping()
+    mapping = Mapping(relaxed)
     for op in operations:
+        if relaxed and _open_case(theirs, op) is not None:
+            continue
         if not isinstance(op, Read | Advance | AggregateNeeds | Intents):
             # one second between writes: no two intents share a created_at, so FIRST_WRITER
             # and HIGHEST_CONFIDENCE never fall back to comparing (random) ids
@@ -552,8 +639,6 @@ def _run(operations: list[Any], space: Any) -> None:
 SEQUENCES = st.lists(operation_st, min_size=6, max_size=25)
 
 
-@pytest.mark.xfail(strict=True, reason="DEVELOPING: agentpost.marks' API is being aligned "
-                   "with the package's (issue 15); removed once core/spaces/guard land")
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(operations=SEQUENCES)
 def test_memory_space_and_guard_behave_as_the_package(operations: list[Any]) -> None:
@@ -565,9 +650,7 @@ def test_memory_space_and_guard_behave_as_the_package(operations: list[Any]) -> 
         close_space(space)
 
 
-@pytest.mark.xfail(strict=True, reason="DEVELOPING: agentpost.marks' API is being aligned "
-                   "with the package's (issue 15); removed once core/spaces/guard land")
-@settings(max_examples=20, deadline=None, suppress_health_check=[
+@settings(max_examples=25, deadline=None, suppress_health_check=[
     HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(operations=SEQUENCES)
 def test_postgres_space_and_guard_behave_as_the_package(
@@ -579,3 +662,67 @@ def test_postgres_space_and_guard_behave_as_the_package(
         _run(operations, space)
     finally:
         close_space(space)
+
+
+# --------------------------------------------------------------------------- open differences
+
+
+def _w(agent: str, scope: str, kind: str, key: str) -> Write:
+    return Write(agent=agent, scope=scope, kind=kind, key=key, number=0.5, flag=False,
+                 source="fleet", severity="info", supersedes=None, invalidates=None,
+                 guarded=False)
+
+
+#: the shortest sequence that shows each OPEN difference
+REPRODUCE: dict[str, list[Any]] = {
+    "hierarchy": [_w("ann", "desk/east", "intent", "r1"),
+                  Read("desk", "r1", None, None, 0.01)],
+    "zero": [_w("ann", "desk", "intent", "r1"), Advance(65.0),
+             Read("desk", "r1", None, None, 0.0)],
+    "verb": [PreAction("ann", "desk", "r1", "grab", 0.5)],
+    "claimed": [PostAction("bob", "desk", "r1", None), PreAction("ann", "desk", "r1", "book", 0.5)],
+    "own_intent": [PreAction("ann", "desk", "r1", "book", 0.5),
+                   PreAction("ann", "desk", "r1", "book", 0.5)],
+    "notify": [PostAction("bob", "desk", "r1", None), PostAction("ann", "desk", "r1", None)],
+    "deferred": [PreAction("ann", "pool", "r1", "book", 0.2),
+                 PreAction("bob", "pool", "r1", "book", 0.9)],
+    "resolved_at": [_w("ann", "desk", "need", "price"), _w("ann", "desk", "action", "r2"),
+                    Advance(7.0), Resolve(0, 0, None, True)],
+    "resolve_resolved": [_w("ann", "desk", "need", "price"), _w("ann", "desk", "action", "r2"),
+                         Resolve(0, 0, None, True), Resolve(1, 0, None, True)],
+    "deferred_loser": [PreAction("ann", "pool", "r1", "book", 0.2),
+                       PreAction("bob", "pool", "r1", "book", 0.9),
+                       ResolveDeferred("pool", "r1", False)],
+    "failed_result": [Execute("ann", "desk", "r1", 0.5, True)],
+}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=pytest.mark.xfail(strict=True, raises=AssertionError,
+                                               reason=OPEN[name]))
+    for name in OPEN])
+def test_open_difference_with_the_package(name: str) -> None:
+    """Each OPEN difference, shown by its shortest sequence without the random test's
+    exclusions (XPASS, a failure, once it is fixed: then drop it from OPEN)."""
+    space = make_space("memory", _scopes(ours), T0)
+    try:
+        _run(REPRODUCE[name], space, relaxed=False)
+    finally:
+        close_space(space)
+
+
+def test_every_open_difference_is_excluded_by_the_random_test() -> None:
+    """The random test's exclusions cover each OPEN sequence: relaxed, they pass."""
+    assert set(REPRODUCE) == set(OPEN)
+    for operations in REPRODUCE.values():
+        space = make_space("memory", _scopes(ours), T0)
+        try:
+            _run([op for op in operations if _generated(op)], space)
+        finally:
+            close_space(space)
+
+
+def _generated(op: Any) -> bool:
+    """Whether the random test draws `op`: no child scope while OPEN["hierarchy"], no read
+    at min_strength 0 while OPEN["zero"]."""
+    return getattr(op, "scope", None) != "desk/east" and getattr(op, "min_strength", 1) > 0
