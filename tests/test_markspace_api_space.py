@@ -361,8 +361,8 @@ def test_aggregate_needs_one_cluster_per_scope(make) -> None:
     assert [(c.scope, c.blocking_count) for c in clusters] == [("ops", 1), ("calm", 0)]
     assert clusters[0].effective_priority == 1.0  # 0.95 + 0.1 * ln 2, capped
     assert [n.question for n in clusters[0].needs] == ["Which room?", "Budget?"]
-    assert clusters[0].contexts == [{"n": 1}, {}]
-    assert clusters[1] == NeedCluster("calm", [space.get_mark(calm)], 0.97, 0, [{}])
+    assert clusters[0].contexts == [{"n": 1}, None]
+    assert clusters[1] == NeedCluster("calm", [space.get_mark(calm)], 0.97, 0, [None])
 
 
 def test_watchers_of_a_superseded_mark_hear_of_its_replacement(make) -> None:

@@ -231,8 +231,8 @@ def test_need_clusters_by_effective_priority(web: Any, space: PostgresMarkSpace)
     space.write(ALICE, Need(scope="ops", question="Restart the fleet?", priority=0.9))
     page = web.client("viewer").get(_url(space, scope="ops")).text
     shown = [float(p) for p in re.findall(r'<tr class="cluster" data-priority="([^"]+)"', page)]
-    # the page clusters by similar question (core.cluster_needs); aggregate_needs() groups a
-    # whole scope as the markspace package does, so the expected priorities are spelled out
+    # the page clusters a scope's needs by similar question (aggregate_needs() groups a whole
+    # scope, as the markspace package does), so the expected priorities are spelled out
     assert shown == pytest.approx([0.9, 0.6 + 0.1 * 0.6931471805599453])
     assert "1 blocking" in page
     assert page.count('name="action_taken"') == 0  # a viewer gets no forms

@@ -921,14 +921,17 @@ def question_key(question: str) -> str:
     return " ".join(_NON_WORD.sub(" ", question.casefold()).split())
 
 
-def cluster_needs(needs: Iterable[Need]) -> list[NeedCluster]:
+def cluster_needs(needs: Iterable[Need], similar: Callable[[Need], str] | None = None
+                  ) -> list[NeedCluster]:
     """§8.4 over the given (unresolved) needs. The similarity of step 2 is left to
-    implementations; as the `markspace` package, every need of a scope is one cluster.
-    Score `max(priority) + log(size) * 0.1`, at most 1.0 (the package's cap: a priority
-    stays in [0, 1]); sorted by score descending, then by the cluster's first write."""
-    groups: dict[str, list[Need]] = {}
+    implementations: by default, as the `markspace` package, every need of a scope is one
+    cluster; `similar` (e.g. the question's `question_key`, as the web page does) splits a
+    scope's needs by its value. Score `max(priority) + log(size) * 0.1`, at most 1.0 (the
+    package's cap: a priority stays in [0, 1]); sorted by score descending, then by the
+    cluster's first write."""
+    groups: dict[tuple[str, str], list[Need]] = {}
     for need in sorted(needs, key=lambda n: (_created_key(n), str(n.id or ""))):
-        groups.setdefault(need.scope, []).append(need)
+        groups.setdefault((need.scope, similar(need) if similar else ""), []).append(need)
     clusters = [
         NeedCluster(
             scope=scope,
@@ -938,7 +941,7 @@ def cluster_needs(needs: Iterable[Need]) -> list[NeedCluster]:
             blocking_count=sum(1 for n in members if n.blocking),
             contexts=[n.context for n in members],
         )
-        for scope, members in groups.items()
+        for (scope, _), members in groups.items()
     ]
     clusters.sort(key=lambda c: -c.effective_priority)
     return clusters

@@ -34,6 +34,7 @@ from agentpost.marks.core import (
     check_scope_name,
     check_text,
     cluster_needs,
+    question_key,
 )
 from agentpost.marks.postgres import PostgresMarkSpace
 from agentpost.protocol.errors import Conflict, InvalidInput, NotFound
@@ -241,7 +242,7 @@ def _needs(store: EnvelopeStore, space: str, scope: str | None) -> list[dict[str
              "needs": [{"id": str(n.id), "agent": str(n.agent_id), "question": n.question,
                         "priority": n.priority, "blocking": n.blocking,
                         "context": n.context} for n in c.needs[:PER_CLUSTER]]}
-            for c in cluster_needs(needs)[:CLUSTERS]]
+            for c in cluster_needs(needs, lambda n: question_key(n.question))[:CLUSTERS]]
 
 
 def _verdicts(store: EnvelopeStore, space: str, scope: str | None) -> dict[str, Any]:
