@@ -81,6 +81,9 @@ OPEN = {
     "deferred_loser": "resolve_deferred gives a losing agent BLOCKED (check DEFERRED); the "
                       "package gives it CONFLICT (and the decisions' conflicting_intents differ "
                       "when an agent holds several intents)",
+    "yield_all_need": "a YIELD_ALL conflict in pre_action files its Need as the guard's system "
+                      "agent, whatever the agent may write; the package files it as the agent, "
+                      "and only when the agent may write needs in the scope",
     "failed_result": "execute's failed action records result {'error': <exception class>, "
                      "'message': str(exc)}; the package's is {'error': str(exc), 'status': "
                      "'failed'}",
@@ -611,8 +614,12 @@ def _open_case(theirs: Side, op: Any) -> str | None:
     if isinstance(op, PreAction) and verbs and op.verb not in verbs:
         return "verb"
     agent = theirs.agents[op.agent]
-    if any(i.agent_id == agent.id for i in theirs.space.get_intents(op.scope, op.resource)):
+    intents = theirs.space.get_intents(op.scope, op.resource)
+    if any(i.agent_id == agent.id for i in intents):
         return "own_intent"
+    if intents and not isinstance(op, PostAction) and not definition.deferred and \
+            definition.conflict_policy is pkg.ConflictPolicy.YIELD_ALL:
+        return "yield_all_need"
     actions = theirs.space.read(op.scope, resource=op.resource, mark_type=pkg.MarkType.ACTION)
     if isinstance(op, PostAction) and any(not a.failed and a.agent_id != agent.id
                                           for a in actions):
@@ -694,6 +701,8 @@ REPRODUCE: dict[str, list[Any]] = {
                        PreAction("bob", "pool", "r1", "book", 0.9),
                        ResolveDeferred("pool", "r1", False)],
     "failed_result": [Execute("ann", "desk", "r1", 0.5, True)],
+    "yield_all_need": [PreAction("ann", "crowd", "r1", "book", 0.5),
+                       PreAction("bob", "crowd", "r1", "book", 0.5)],
 }
 
 
