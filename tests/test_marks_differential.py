@@ -24,7 +24,14 @@ Where we knowingly differ, only that is excluded, and said so where it is exclud
   for a YIELD_ALL conflict is each implementation's own (verdicts and mark structure are not);
 - ties in strength: the package returns equally strong marks in set order (random between two
   runs of the package itself), so reads are compared in (strength, write order) order and each
-  side is only checked to be sorted by strength.
+  side is only checked to be sorted by strength;
+- a second between writes (see `_run`): with equal created_at the package breaks FIRST_WRITER
+  and HIGHEST_CONFIDENCE ties by comparing random uuid4 strings, which no other run repeats.
+
+Differences this test found that are not settled yet are listed in ``OPEN``: each has a strict
+xfail test reproducing it with its shortest sequence, and the random test leaves out only the
+cases that run into it (``_open_case``, the ``relaxed`` checks, the generator's comments). When
+one is fixed its xfail passes, so fails (strict): then delete its entry, repro and exclusion.
 """
 
 from __future__ import annotations
