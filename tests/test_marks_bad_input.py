@@ -368,8 +368,8 @@ def test_reads_of_unknown_scopes_raise(new_space) -> None:
 def test_bad_guard_calls_store_nothing(new_space) -> None:
     """The guard's entry points with bad arguments: an unknown scope, a non-Agent, an
     out-of-range or non-finite confidence, a disallowed verb, a non-JSON result. Each raises
-    a typed error or answers DENIED, and nothing reaches the space."""
-    from agentpost.marks import Guard, Verdict
+    a typed error, and nothing reaches the space."""
+    from agentpost.marks import Guard
 
     space = new_space(SCOPES, clock=T0)
     guard = Guard(space)
@@ -391,9 +391,9 @@ def test_bad_guard_calls_store_nothing(new_space) -> None:
         with pytest.raises(error):
             call()
         assert observable(space) == before
-    for verb in ("fly", "booked"):
-        denied = guard.pre_action(WRITER, "cal", "r", verb, 0.5)
-        assert denied.verdict is Verdict.DENIED and verb in denied.reason
+    for verb in ("fly", "booked"):  # an intent verb the scope does not list: the package's
+        with pytest.raises(InvalidMark, match=verb):  # ValidationError, not a verdict
+            guard.pre_action(WRITER, "cal", "r", verb, 0.5)
         assert observable(space) == before
 
 

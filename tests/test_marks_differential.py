@@ -65,10 +65,6 @@ TOPICS = ("price", "load", "other")  # "other" is not an observation topic of "d
 OPEN = {
     "zero": "read(min_strength=0.0) leaves out marks at strength 0 (expired intents, "
             "invalidated marks, resolved needs); the package returns them (strength >= 0)",
-    "verb": "pre_action with an intent verb the scope does not list answers DENIED; the "
-            "package raises ValidationError (its space.write refuses the intent)",
-    "claimed": "pre_action on a resource another agent's action holds: CONFLICT with a "
-               "winning_intent made from that action; the package's winning_intent is None",
     "own_intent": "pre_action/execute by an agent that already holds an active intent on the "
                   "resource supersedes that intent; the package writes a new plain intent and "
                   "resolves among all (a FIRST_WRITER agent then yields to its own older "
@@ -86,12 +82,6 @@ OPEN = {
     "deferred_loser": "resolve_deferred gives a losing agent BLOCKED (check DEFERRED); the "
                       "package gives it CONFLICT (and the decisions' conflicting_intents differ "
                       "when an agent holds several intents)",
-    "yield_all_need": "a YIELD_ALL conflict in pre_action files its Need as the guard's system "
-                      "agent, whatever the agent may write; the package files it as the agent, "
-                      "and only when the agent may write needs in the scope",
-    "failed_result": "execute's failed action records result {'error': <exception class>, "
-                     "'message': str(exc)}; the package's is {'error': str(exc), 'status': "
-                     "'failed'}",
 }
 
 SCOPE_NAMES = ("desk", "desk/east", "bid", "pool", "crowd", "nowhere")
@@ -468,25 +458,18 @@ def _same_read(theirs: Side, mine: Side, got_theirs: list[Any], got_mine: list[A
 
 
 def _unchecked(mapping: Mapping, mark: Any) -> frozenset[str]:
-    """Fields not compared: the wording of the guard's own YIELD_ALL need (each side's), and
-    a failed action's result while OPEN["failed_result"]."""
+    """Fields not compared: the wording of the guard's own YIELD_ALL need (each side's)."""
     guard_need = type(mark).__name__ == "Need" and getattr(mark, "blocking", False) and \
         isinstance(mark.context, dict) and "resource" in mark.context
-    if guard_need:
-        return GUARD_WORDING
-    if "failed_result" in mapping.tolerated and getattr(mark, "failed", False):
-        return frozenset({"result"})
-    return frozenset()
+    return GUARD_WORDING if guard_need else frozenset()
 
 
 def _same_decision(theirs: Any, mine: Any, mapping: Mapping, op: Any) -> None:
     assert _plain(mine.verdict) == _plain(theirs.verdict), (op, theirs, mine)
     assert mine.intent_id == mapping(theirs.intent_id), (op, theirs, mine)
-    claimed = _plain(theirs.verdict) == "conflict" and theirs.intent_id is None
-    if not (claimed and "claimed" in mapping.tolerated):
-        winner = None if theirs.winning_intent is None else mapping(theirs.winning_intent.id)
-        mine_winner = None if mine.winning_intent is None else mine.winning_intent.id
-        assert mine_winner == winner, (op, theirs, mine)
+    winner = None if theirs.winning_intent is None else mapping(theirs.winning_intent.id)
+    mine_winner = None if mine.winning_intent is None else mine.winning_intent.id
+    assert mine_winner == winner, (op, theirs, mine)
     deferred = isinstance(op, PreAction | Execute) and _plain(theirs.verdict) == "blocked" \
         and op.scope == "pool"
     if deferred and "deferred" in mapping.tolerated:
@@ -614,19 +597,13 @@ def _open_case(theirs: Side, op: Any) -> str | None:
     if not isinstance(op, PreAction | Execute | PostAction):
         return None
     try:
-        definition = theirs.space.get_scope(op.scope)
+        theirs.space.get_scope(op.scope)
     except pkg.ValidationError:
         return None  # an unknown scope: both must refuse it alike
-    verbs = definition.allowed_intent_verbs
-    if isinstance(op, PreAction) and verbs and op.verb not in verbs:
-        return "verb"
     agent = theirs.agents[op.agent]
     intents = theirs.space.get_intents(op.scope, op.resource)
     if any(i.agent_id == agent.id for i in intents):
         return "own_intent"
-    if intents and not isinstance(op, PostAction) and not definition.deferred and \
-            definition.conflict_policy is pkg.ConflictPolicy.YIELD_ALL:
-        return "yield_all_need"
     actions = theirs.space.read(op.scope, resource=op.resource, mark_type=pkg.MarkType.ACTION)
     if isinstance(op, PostAction) and any(not a.failed and a.agent_id != agent.id
                                           for a in actions):
@@ -692,8 +669,6 @@ def _w(agent: str, scope: str, kind: str, key: str) -> Write:
 REPRODUCE: dict[str, list[Any]] = {
     "zero": [_w("ann", "desk", "intent", "r1"), Advance(65.0),
              Read("desk", "r1", None, None, 0.0)],
-    "verb": [PreAction("ann", "desk", "r1", "grab", 0.5)],
-    "claimed": [PostAction("bob", "desk", "r1", None), PreAction("ann", "desk", "r1", "book", 0.5)],
     "own_intent": [PreAction("ann", "desk", "r1", "book", 0.5),
                    PreAction("ann", "desk", "r1", "book", 0.5)],
     "notify": [PostAction("bob", "desk", "r1", None), PostAction("ann", "desk", "r1", None)],
@@ -706,9 +681,6 @@ REPRODUCE: dict[str, list[Any]] = {
     "deferred_loser": [PreAction("ann", "pool", "r1", "book", 0.2),
                        PreAction("bob", "pool", "r1", "book", 0.9),
                        ResolveDeferred("pool", "r1", False)],
-    "failed_result": [Execute("ann", "desk", "r1", 0.5, True)],
-    "yield_all_need": [PreAction("ann", "crowd", "r1", "book", 0.5),
-                       PreAction("bob", "crowd", "r1", "book", 0.5)],
 }
 
 

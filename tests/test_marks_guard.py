@@ -151,7 +151,9 @@ def test_first_writer_earliest_intent_wins(make_space):
 
 
 def test_yield_all_blocks_everyone_and_files_one_need_each(make_space):
-    """§6.1 YIELD_ALL, §9.2 step 6, P38: BLOCKED with a reason and an automatic Need."""
+    """§6.1 YIELD_ALL ("all agents with conflicting intents MUST write a need mark"), §9.2
+    step 6, P38: BLOCKED with a reason and a Need written as the blocked agent itself (as the
+    package files it)."""
     space = make_space([scope(policy=ConflictPolicy.YIELD_ALL)])
     guard = Guard(space)
     a, b = agent("a"), agent("b")
@@ -164,10 +166,26 @@ def test_yield_all_blocks_everyone_and_files_one_need_each(make_space):
         assert decision.need_id is not None
     needs = [m for m in space.read("calendar", mark_type=MarkType.NEED) if isinstance(m, Need)]
     assert sorted(n.context["agent_id"] for n in needs) == sorted([str(a.id), str(b.id)])
-    assert all(n.blocking and n.agent_id == SYSTEM_AGENT_ID for n in needs)
+    assert all(n.blocking and str(n.agent_id) == n.context["agent_id"] for n in needs)
+    assert {n.context["agent"] for n in needs} == {"a", "b"}  # the package's context keys
     # asking again does not pile up needs
     assert guard.pre_action(b, "calendar", "r", "book").need_id == decision_b.need_id
     assert len(space.read("calendar", mark_type=MarkType.NEED)) == 2
+
+
+def test_yield_all_files_no_need_for_an_agent_that_may_not_write_needs(make_space):
+    """§6.1 YIELD_ALL: the Need is the agent's own, so an agent without need rights in the
+    scope is BLOCKED all the same and nothing is filed for it (the package's reading; the
+    guard's system agent no longer writes it in its place)."""
+    space = make_space([scope(policy=ConflictPolicy.YIELD_ALL)])
+    guard = Guard(space)
+    plain = ["intent", "action"]
+    assert guard.pre_action(agent("a", types=plain), "calendar", "r", "book").allowed
+    decision = guard.pre_action(agent("b", types=plain), "calendar", "r", "book")
+    assert decision.verdict is Verdict.BLOCKED and decision.reason
+    assert decision.need_id is None
+    assert space.read("calendar", mark_type=MarkType.NEED) == []
+    assert not any(m.agent_id == SYSTEM_AGENT_ID for m in space.active_marks())
 
 
 def test_yield_all_principal_settles_by_invalidating_the_rival(make_space):
@@ -305,7 +323,8 @@ def test_execute_records_a_raising_tool_as_a_failed_action_that_claims_nothing(m
     with pytest.raises(RuntimeError, match="boom"):
         guard.execute(first, "calendar", "r", "book", "booked", Tool(error=RuntimeError("boom")))
     [failed] = actions_on(space, "calendar", "r")
-    assert failed.failed and failed.result["error"] == "RuntimeError"
+    # the package's failed result (it was {"error": <class>, "message": ...})
+    assert failed.failed and failed.result == {"error": "boom", "status": "failed"}
     assert intents_on(space, "calendar", "r") == []
     decision, _ = guard.execute(second, "calendar", "r", "book", "booked", Tool())
     assert decision.allowed
@@ -357,7 +376,6 @@ def test_p38_denied_says_which_check_failed(make_space):
         (guard.pre_action(no_intent, "calendar", "r", "book"), GuardCheck.AUTHORIZATION, "intent"),
         (guard.pre_action(no_action, "calendar", "r", "book"), GuardCheck.AUTHORIZATION, "action"),
         (guard.pre_action(other_scope, "calendar", "r", "book"), GuardCheck.AUTHORIZATION, ""),
-        (guard.pre_action(agent("ok"), "calendar", "r", "steal"), GuardCheck.VERB, "steal"),
         (
             guard.execute(agent("ok2"), "calendar", "r", "book", "stole", Tool())[0],
             GuardCheck.VERB,
@@ -371,29 +389,48 @@ def test_p38_denied_says_which_check_failed(make_space):
     assert space.active_marks() == []  # nothing was written for a denied call
 
 
-def test_p38_conflict_always_has_a_winning_intent(make_space):
-    """P38: a CONFLICT caused by an action also carries winning_intent (the superseded
-    intent), plus the action itself."""
+def test_an_intent_verb_the_scope_does_not_allow_raises_invalid_mark(make_space):
+    """§7.1: an intent verb outside the scope's list is bad input, not a verdict: InvalidMark
+    (the package's ValidationError, raised by its space's check of the intent), from
+    pre_action and execute alike, with nothing written and the tool never called (P37)."""
+    space = make_space([scope(allowed_intent_verbs=("book",), allowed_action_verbs=("booked",))])
+    guard = Guard(space)
+    tool = Tool()
+    with pytest.raises(InvalidMark, match="steal"):
+        guard.pre_action(agent("ok"), "calendar", "r", "steal")
+    with pytest.raises(InvalidMark, match="steal"):
+        guard.execute(agent("ok2"), "calendar", "r", "steal", "booked", tool)
+    assert tool.calls == 0
+    assert space.active_marks() == []
+
+
+def test_p38_conflict_caused_by_an_action_names_the_action(make_space):
+    """P38: a CONFLICT caused by an action names that action (`winning_action`); no intent
+    won, so `winning_intent` is None, as in the package (it used to be the action's
+    superseded intent)."""
     space = make_space([scope()])
     guard = Guard(space)
     holder, late = agent("holder"), agent("late")
     decision, _ = guard.execute(holder, "calendar", "r", "book", "booked", Tool())
     conflict = guard.pre_action(late, "calendar", "r", "book", 1.0)
     assert conflict.verdict is Verdict.CONFLICT
-    assert conflict.winning_intent.id == decision.intent_id
+    assert conflict.winning_intent is None
     assert conflict.winning_action.agent_id == holder.id
+    assert conflict.winning_action.supersedes == decision.intent_id
 
 
-def test_p38_conflict_on_a_bare_action_restates_it_as_an_intent(make_space):
-    """P38: an action written without an intent still yields a winning_intent."""
+def test_p38_conflict_on_a_bare_action_names_it(make_space):
+    """P38: an action written without an intent is named by `winning_action`
+    (`winning_intent` is None, as in the package; it used to restate the action)."""
     space = make_space([scope()])
     guard = Guard(space)
     holder = agent("holder")
     action_id = space.write(holder, Action(scope="calendar", resource="r", action="booked"))
     conflict = guard.pre_action(agent("late"), "calendar", "r", "book")
     assert conflict.verdict is Verdict.CONFLICT
-    assert conflict.winning_intent.id == action_id
-    assert conflict.winning_intent.agent_id == holder.id
+    assert conflict.winning_intent is None
+    assert conflict.winning_action.id == action_id
+    assert conflict.winning_action.agent_id == holder.id
 
 
 @pytest.mark.parametrize("policy", list(ConflictPolicy))

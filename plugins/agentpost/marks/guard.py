@@ -24,22 +24,25 @@ Readings chosen where the spec leaves room (docs/design.md repeats them):
 - Order of the checks in `pre_action`: the scope must exist (else `UnknownScope` is raised:
   configuration, not a verdict); authorization for intents *and* actions in the scope (a tool
   call ends in an action mark, so an agent that may not write one is DENIED up front); the
-  intent verb; the token budget; the barrier (a revoked intent *or action* type: DENIED; a
+  token budget; the barrier (a revoked intent *or action* type: DENIED; a
   "require need" without an unresolved Need of the agent's own in the scope: DENIED, as in
   the package); an active action of another agent on (scope, resource):
   CONFLICT (P39, also in deferred scopes); the scope's rate limit and the envelope: DENIED; then
-  the intent is written and the conflict policy applied.
-- A CONFLICT caused by an action carries, as `winning_intent`, the intent that action
-  superseded, or, when there is none, the claim restated as an intent (the action's id, agent,
-  resource, verb, created_at; confidence 1.0); the action itself is `winning_action`.
+  the intent is written (an intent verb the scope does not list raises the space's
+  `InvalidMark` there, nothing written, as the package's space refuses it) and the conflict
+  policy applied.
+- A CONFLICT caused by an action has ``winning_intent`` None, as in the package (no intent
+  won); the action itself is `winning_action` (P38).
 - An agent's repeated `pre_action` on the same (scope, resource) with the same verb and
   confidence reuses its active intent (same state, same verdict: P36); a different verb or
   confidence writes a new intent that supersedes the old one (§10).
 - Active means effective strength > 0; reads ask for ``min_strength=ACTIVE`` (1e-6), so a mark
   written with an initial strength below that counts as absent.
-- YIELD_ALL: with intents of two or more agents on the resource, every one of them is BLOCKED
-  and a Need is filed for each (by the guard's system agent, once per agent and resource while
-  unresolved). The principal settles it by invalidating the losing intents (warnings) or by
+- YIELD_ALL: with intents of two or more agents on the resource, every one of them is BLOCKED.
+  In `pre_action` the blocked agent's own blocking Need is filed (§6.1: the agents write it),
+  as the package does, only if the agent may write needs in the scope, once per agent and
+  resource while unresolved; a deferred boundary, with no agent at hand, files them as the
+  guard's system agent. The principal settles it by invalidating the losing intents (warnings) or by
   waiting for their TTL.
 - Deferred scopes: `pre_action` writes the intent and answers BLOCKED (pending resolution);
   `resolve_deferred` is the boundary. It compares every active intent (P14, P18) under the
@@ -66,10 +69,11 @@ Readings chosen where the spec leaves room (docs/design.md repeats them):
   outside the lock's transaction, and settled with the action in the action's; a settled key
   replays the action's result, an unsettled one (the caller died in the tool) raises
   `UnsettledCall` and calls nothing, a failed one calls again.
-- `execute` records a raising tool as a failed action (which claims nothing) and re-raises;
+- `execute` records a raising tool as a failed action (which claims nothing; its result the
+  package's ``{"error": str(exc), "status": "failed"}``) and re-raises;
   a result larger than the space's content bound is recorded as its size
   (``{"oversize": true, "bytes": n, "limit": m}``), since the action must be stored.
-- The guard's own marks (Needs for the principal, warnings) are written by a system agent with
+- The guard's own marks (other Needs for the principal, warnings) are written by a system agent with
   a fixed id (`SYSTEM_AGENT_ID`), allowed warnings and needs in every scope the guard touches;
   the system agent is exempt from the envelope and from rate limits. Its writes are best
   effort: a scope that refuses them (a warning topic not in its list, say) is reported to
@@ -243,8 +247,9 @@ class GuardCheck(StrEnum):
 @dataclass
 class GuardDecision:
     """The guard's answer (§9.3), with enough context for the agent to choose an alternative
-    (P38): CONFLICT carries ``winning_intent``; BLOCKED and DENIED carry a ``reason`` and the
-    ``check`` that decided. The first five fields are the package's, in its order; ours
+    (P38): CONFLICT carries ``winning_intent``, or ``winning_action`` when another agent's
+    action holds the resource (``winning_intent`` is then None, as in the package); BLOCKED
+    and DENIED carry a ``reason`` and the ``check`` that decided. The first five fields are the package's, in its order; ours
     (``winning_action``, ``need_id``, ``check``) are keyword-only."""
 
     verdict: GuardVerdict
@@ -561,11 +566,6 @@ class Guard:
                         f"marks in scope {intent.scope!r}"
                     ),
                 )
-        if not _verb_allowed(scope_def.allowed_intent_verbs, intent.action):
-            return _Refusal(
-                check=GuardCheck.VERB,
-                reason=f"intent verb {intent.action!r} is not allowed in scope {intent.scope!r}",
-            )
         return self._budget_refusal(agent) or self._barrier_refusal(
             agent, intent.scope, (MarkType.INTENT, MarkType.ACTION)
         )
@@ -578,7 +578,6 @@ class Guard:
                 f"resource {claim.resource!r} in scope {claim.scope!r} is already claimed by "
                 f"agent {claim.agent_id}'s action {claim.action!r}"
             ),
-            winning_intent=self._intent_behind(claim),
             winning_action=claim,
             check=GuardCheck.CLAIMED,
         )
@@ -672,7 +671,8 @@ class Guard:
             return GuardDecision(verdict=Verdict.ALLOW, reason="no conflict", intent_id=held.id)
         policy = scope_def.conflict_policy
         if policy is ConflictPolicy.YIELD_ALL:
-            decision = self._yield_all(agent.id, held, others)
+            author = agent if agent.can_write(held.scope, MarkType.NEED) else None
+            decision = self._yield_all(agent.id, held, others, author=author, system=False)
         else:
             decision = self._pick(agent, policy, held, intents, others)
         self._count_conflict(held.scope, policy, decision.verdict)
@@ -706,14 +706,28 @@ class Guard:
             check=GuardCheck.CONFLICT_POLICY,
         )
 
-    def _yield_all(self, agent_id: UUID, held: Intent, others: tuple[Intent, ...]) -> GuardDecision:
-        need_id = self._yield_need(agent_id, held, others)
+    def _yield_all(
+        self,
+        agent_id: UUID,
+        held: Intent,
+        others: tuple[Intent, ...],
+        *,
+        author: Agent | None = None,
+        system: bool = True,
+    ) -> GuardDecision:
+        """BLOCKED for the principal (§6.1). The Need is the agent's own (`author`, as the
+        package files it) when it may write needs there, none when it may not; a deferred
+        boundary (``system``), which has no agent at hand, files it as the system agent."""
+        need_id = None
+        if author is not None or system:
+            need_id = self._yield_need(agent_id, held, others, author)
+        filed = "; a need was filed" if need_id is not None else ""
         return GuardDecision(
             verdict=Verdict.BLOCKED,
             reason=(
                 f"scope {held.scope!r} yields all conflicts to the principal: "
                 f"{len({i.agent_id for i in others})} other agent(s) intend to act on "
-                f"{held.resource!r}; a need was filed"
+                f"{held.resource!r}{filed}"
             ),
             intent_id=held.id,
             conflicting_intents=others,
@@ -721,14 +735,22 @@ class Guard:
             check=GuardCheck.CONFLICT_POLICY,
         )
 
-    def _yield_need(self, agent_id: UUID, held: Intent, others: Iterable[Intent]) -> UUID | None:
+    def _yield_need(
+        self, agent_id: UUID, held: Intent, others: Iterable[Intent], author: Agent | None
+    ) -> UUID | None:
+        """The blocking Need of a YIELD_ALL conflict: the package's context (resource,
+        action, agent's name) and ours (kind, agent id, intent, rivals)."""
         rivals = sorted({str(i.agent_id) for i in others if i.agent_id != agent_id})
         return self._ensure_need(
             held.scope,
-            question=f"Who should act on {held.resource!r} in {held.scope!r}?",
+            question=(
+                f"Conflict on {held.resource!r} in {held.scope!r}: several agents intend to "
+                f"{held.action}. Who proceeds?"
+            ),
             context={
                 "kind": "yield_all",
                 "agent_id": str(agent_id),
+                "agent": author.name if author is not None else SYSTEM_AGENT_NAME,
                 "resource": held.resource,
                 "action": held.action,
                 "intent_id": str(held.id),
@@ -736,6 +758,7 @@ class Guard:
             },
             priority=0.8,
             blocking=True,
+            author=author,
         )
 
     # ------------------------------------------------------------------ deferred resolution
@@ -1150,7 +1173,7 @@ class Guard:
             scope,
             resource,
             result_action,
-            {"error": type(error).__name__, "message": str(error)[:1000]},
+            _failure(error, self.space.max_content_bytes),
             intent_id=decision.intent_id,
             failed=True,
         )
@@ -1740,30 +1763,29 @@ class Guard:
         context: dict[str, Any],
         priority: float,
         blocking: bool,
+        author: Agent | None = None,
     ) -> UUID | None:
-        """An unresolved Need of the system agent with this context, written if missing."""
+        """An unresolved Need of `author` (default: the system agent) with this context,
+        written if missing (P36: asking again files nothing new)."""
+        author_id = author.id if author is not None else self._system.id
         for mark in self._read(scope, mark_type=MarkType.NEED):
             if (
                 isinstance(mark, Need)
-                and mark.agent_id == self._system.id
+                and mark.agent_id == author_id
                 and mark.resolved_by is None
                 and _same_request(mark.context, context)
             ):
                 return mark.id
-        return self._system_write(
-            Need(
-                scope=scope,
-                question=question,
-                context=context,
-                priority=priority,
-                blocking=blocking,
-            )
+        need = Need(
+            scope=scope, question=question, context=context, priority=priority, blocking=blocking
         )
+        return self._system_write(need, author)
 
-    def _system_write(self, mark: Mark) -> UUID | None:
-        """Best effort: the guard's own marks never change the agent's verdict."""
+    def _system_write(self, mark: Mark, author: Agent | None = None) -> UUID | None:
+        """Best effort: the guard's own marks (and the Needs it files for an agent) never
+        change the agent's verdict."""
         try:
-            return self.space.write(self._system_for(mark.scope), mark)
+            return self.space.write(author or self._system_for(mark.scope), mark)
         except MarkspaceError as exc:
             self.emitter.event(
                 EVENT_SYSTEM_WRITE_FAILED,
@@ -1836,6 +1858,16 @@ def _rewritten(mark: Observation, content: Any) -> Observation:
     checked = revalidate(mark.model_copy(update={"content": content}))
     assert isinstance(checked, Observation)
     return checked
+
+
+def _failure(error: Exception, limit: int) -> dict[str, Any]:
+    """A failed action's result, the package's ``{"error": str(exc), "status": "failed"}``;
+    a message too long for the space's content bound is cut (the action must be stored)."""
+    message = str(error)
+    result = {"error": message, "status": "failed"}
+    if json_bytes(result) > limit:
+        result["error"] = message[: max(0, limit // 8 - 64)]  # JSON escapes: <= 6 bytes a char
+    return result
 
 
 def _policy_name(policy: Any) -> str:
