@@ -30,12 +30,18 @@ SCOPES = [
     Scope(name="research2", decay=DECAY),
     Scope(name="hr", decay=DECAY, visibility=ScopeVisibility.PROTECTED),
     Scope(name="legal", decay=DECAY, visibility=ScopeVisibility.CLASSIFIED),
+    Scope(name="hr/secret", decay=DECAY, visibility=ScopeVisibility.CLASSIFIED),
+    Scope(name="desk", decay=DECAY),
+    Scope(name="desk/vault", decay=DECAY, visibility=ScopeVisibility.CLASSIFIED),
+    Scope(name="desk/notes", decay=DECAY, visibility=ScopeVisibility.PROTECTED),
 ]
 ALL = [t.value for t in MarkType]
 WRITER = Agent(name="writer", scopes={s.name: ALL for s in SCOPES})
 STRANGER = Agent(name="stranger", scopes={})
 HR_READER = Agent(name="hr-reader", scopes={}, read_scopes=("hr",))
 CASE_READER = Agent(name="case-reader", scopes={}, read_scopes=("legal/case",))
+VAULT_READER = Agent(name="vault-reader", scopes={}, read_scopes=("desk/vault",))
+NOTES_READER = Agent(name="notes-reader", scopes={}, read_scopes=("desk/notes",))
 
 
 @pytest.fixture(params=BACKENDS)
@@ -108,3 +114,47 @@ def test_nested_read_takes_the_read_scopes_visibility_p21_p22(space) -> None:
     assert space.read("legal", reader=CASE_READER) == []  # authorized below, not for "legal"
     assert _ids(space.read("legal/case", reader=CASE_READER)) == [case]
     assert _ids(space.read("legal")) == [case]  # infrastructure sees everything
+
+
+def test_a_classified_child_stays_hidden_from_a_reader_of_its_open_parent_p22_p25(
+    space,
+) -> None:
+    """P22/P25 (the spec over the package, which returns it in full): a CLASSIFIED scope
+    with its own definition under an OPEN parent keeps its marks (and those of scopes it
+    governs) from a reader of the parent not authorized for it, and is not projected
+    either; under a PROTECTED parent it is left out, not projected (the stricter rule).
+    An authorized reader and infrastructure see them in full."""
+    desk = space.write(WRITER, _obs("desk", "t", 0.9))
+    vault = space.write(WRITER, _obs("desk/vault", "t", 0.8))
+    deep = space.write(WRITER, _obs("desk/vault/deep", "t", 0.7))
+    pay = space.write(WRITER, _obs("hr/pay", "t", 0.9))
+    space.write(WRITER, _obs("hr/secret", "t", 0.8))
+
+    assert _ids(space.read("desk", reader=STRANGER)) == [desk]
+    assert _ids(space.read("desk", topic="t", reader=STRANGER, max_tokens=10_000)) == [desk]
+    authorized = space.read("desk", reader=VAULT_READER)
+    assert _ids(authorized) == [desk, vault, deep]
+    assert all(not m.projected and m.content is not None for m in authorized)
+    assert _ids(space.read("desk")) == [desk, vault, deep]
+    assert space.read("desk/vault", reader=STRANGER) == []
+    assert _ids(space.read("hr", reader=STRANGER)) == [pay]
+
+
+def test_a_protected_child_is_projected_for_a_reader_of_its_open_parent_p22_p24(
+    space,
+) -> None:
+    """P22/P24: a PROTECTED scope with its own definition under an OPEN parent is projected
+    (structure kept, content emptied) for a reader of the parent not authorized for it; in
+    full for its authorized reader and for infrastructure; the parent's own marks stay
+    full for everyone."""
+    desk = space.write(WRITER, _obs("desk", "t", 0.9))
+    note = space.write(WRITER, _obs("desk/notes", "t", 0.8))
+
+    seen = space.read("desk", reader=STRANGER)
+    assert _ids(seen) == [desk, note]
+    assert not seen[0].projected and seen[0].content == {"at": "desk"}
+    assert seen[1].projected and seen[1].content is None and seen[1].topic == "t"
+    full = space.read("desk", reader=NOTES_READER)
+    assert _ids(full) == [desk, note] and full[1].content == {"at": "desk/notes"}
+    assert not full[1].projected
+    assert space.read("desk")[1].content == {"at": "desk/notes"}

@@ -101,7 +101,6 @@ from agentpost.marks.core import (
     project_mark,
     read_order_key,
     trust_weight,
-    visible_to,
 )
 from agentpost.marks.keys import KeyInUse, KeyRecord, check_key, check_same
 from agentpost.marks.space import (
@@ -496,8 +495,9 @@ class PostgresMarkSpace(SpaceBase):
         matching the filters whose effective strength (decay, trust, supersession, warnings;
         at now, computed in SQL) is > 0 and >= `min_strength`, strongest
         first (ties: created_at, id), cut to `max_tokens` (`space.fit_tokens`). `reader`
-        None is infrastructure and sees full marks; an Agent sees what the read scope's
-        visibility allows it, for every mark returned, as in the package (§7.4). Each mark
+        None is infrastructure and sees full marks; an Agent sees each mark as the stricter
+        of the read scope's visibility and the mark's own scope's (`_visible`, in Python
+        over the rows, §7.4). Each mark
         decays with its own stored DecayConfig (the package: the read scope's). One
         statement (sql/0067: the exact scope, then a C-collation range over its nested
         scopes, both index scans), and it writes nothing (P28)."""
@@ -535,7 +535,7 @@ class PostgresMarkSpace(SpaceBase):
         )
         scored = [(_mark(row), row[_N]) for row in rows]
         scored.sort(key=lambda pair: read_order_key(pair[0], pair[1]))
-        return fit_tokens(visible_to([m for m, _ in scored], definition, scope, reader),
+        return fit_tokens(self._visible([m for m, _ in scored], definition, scope, reader),
                           max_tokens)
 
     def get_intents(self, scope: str, resource: str) -> list[Intent]:

@@ -18,9 +18,12 @@ Readings chosen where the spec leaves room (also in docs/design.md):
 
 - `read(scope, ...)` is hierarchical, as the package's: it returns the marks of `scope` and
   of every scope nested under it ("research" reads "research/a" and "research/a/b", never
-  "research2"), as do `get_intents` and `check_conflict`. Visibility and projection follow
-  the READ scope's definition (its own or its nearest defined ancestor's, P26) and the
-  reader's authorization for the read scope, for every mark returned, as in the package.
+  "research2"), as do `get_intents` and `check_conflict`. Each mark returned is seen as
+  the stricter of two rules: the READ scope's definition (its own or its nearest defined
+  ancestor's, P26) with the reader's authorization for the read scope, as in the package;
+  and the mark's own governing definition with `reader.can_read_content(mark.scope)`, where
+  the package stops: a CLASSIFIED child under an OPEN parent stays hidden, a PROTECTED one
+  is projected (P22, P25; the spec is the authority).
   `read_exact` (ours, same parameters) reads the one scope: the guard's checks on one
   (scope, resource) and `read_with_claims` use it. A scope with no defined ancestor
   raises `UnknownScope`.
@@ -507,6 +510,28 @@ class SpaceBase(ABC):
         with self._lock:
             return list(self._scopes.values())
 
+    def _visible(
+        self, marks: list[Mark], definition: Scope, scope: str, reader: Agent | None
+    ) -> list[Mark]:
+        """§7.4 for a read of `scope` (governed by `definition`): each mark as the stricter
+        of the read scope's rule (the package's) and its own governing definition's, so a
+        CLASSIFIED child under an OPEN parent stays hidden and a PROTECTED one is projected
+        for a reader not authorized for it (P22, P25; the spec over the package)."""
+        shown = visible_to(marks, definition, scope, reader)
+        if reader is None or reader.can_read_content(scope):
+            return shown  # authorized for the read scope: for every scope under it too (P26)
+        governing: dict[str, Scope] = {}
+        seen: list[Mark] = []
+        for mark in shown:
+            if mark.scope == scope:  # the read scope's own marks: its rule already applied
+                seen.append(mark)
+                continue
+            own = governing.get(mark.scope)
+            if own is None:
+                own = governing[mark.scope] = self.get_scope(mark.scope)
+            seen.extend(visible_to([mark], own, mark.scope, reader))
+        return seen
+
     # ----------------------------------------------------------------- writes and hooks
 
     def _checked(self, marks: Sequence[Mark]) -> list[Mark]:
@@ -859,8 +884,8 @@ class MarkSpace(SpaceBase):
         matching the filters whose effective strength (decay, trust, supersession, warnings;
         at now) is > 0 and >= `min_strength`, strongest first (ties:
         created_at, id), cut to `max_tokens` (see `fit_tokens`). `reader` None is
-        infrastructure and sees full marks; an Agent sees what the read scope's visibility
-        allows it, for every mark returned, as in the package (§7.4). No side effects
+        infrastructure and sees full marks; an Agent sees each mark as the stricter of the
+        read scope's visibility and the mark's own scope's (`_visible`, §7.4). No side effects
         (P28). Each mark decays with its own stored DecayConfig (the package: the read
         scope's)."""
         kind = mark_type_arg(mark_type)
@@ -880,7 +905,7 @@ class MarkSpace(SpaceBase):
                 if (strength := self._strength(mark, now)) > 0.0 and strength >= threshold
             ]
         scored.sort(key=lambda pair: read_order_key(pair[0], pair[1]))
-        return fit_tokens(visible_to([m for m, _ in scored], definition, scope, reader),
+        return fit_tokens(self._visible([m for m, _ in scored], definition, scope, reader),
                           max_tokens)
 
     def _covered(self, scope: str) -> list[str]:
