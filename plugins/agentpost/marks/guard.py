@@ -249,8 +249,9 @@ class GuardDecision:
     """The guard's answer (§9.3), with enough context for the agent to choose an alternative
     (P38): CONFLICT carries ``winning_intent``, or ``winning_action`` when another agent's
     action holds the resource (``winning_intent`` is then None, as in the package); BLOCKED
-    and DENIED carry a ``reason`` and the ``check`` that decided. The first five fields are the package's, in its order; ours
-    (``winning_action``, ``need_id``, ``check``) are keyword-only."""
+    and DENIED carry a ``reason`` and the ``check`` that decided. The first five fields are
+    the package's, in its order; ours (``winning_action``, ``need_id``, ``check``) are
+    keyword-only."""
 
     verdict: GuardVerdict
     reason: str
