@@ -79,6 +79,10 @@ OPEN = {
     "resolve_resolved": "resolve of the copy an earlier resolve returned raises InvalidMark "
                         "(already resolved); the package resolves it again (the copy is not "
                         "superseded) and checks the agent first (ScopeError)",
+    "boundary_claimed": "resolve_deferred on a resource another agent's action already holds "
+                        "gives every intent BLOCKED (check CLAIMED: an action takes "
+                        "precedence, P39); the package's boundary ignores actions and gives "
+                        "the best intent ALLOW",
     "deferred_loser": "resolve_deferred gives a losing agent BLOCKED (check DEFERRED); the "
                       "package gives it CONFLICT (and the decisions' conflicting_intents differ "
                       "when an agent holds several intents)",
@@ -594,6 +598,10 @@ def _open_case(theirs: Side, op: Any) -> str | None:
         need = theirs.space.get_mark(_ref(_ids(theirs, "Need", op.typed), op.need))
         resolved = need is not None and getattr(need, "resolved_by", None) is not None
         return "resolve_resolved" if resolved else None
+    if isinstance(op, ResolveDeferred):
+        actions = theirs.space.read(op.scope, resource=op.resource,
+                                    mark_type=pkg.MarkType.ACTION)
+        return "boundary_claimed" if any(not a.failed for a in actions) else None
     if not isinstance(op, PreAction | Execute | PostAction):
         return None
     try:
@@ -678,6 +686,9 @@ REPRODUCE: dict[str, list[Any]] = {
                     Advance(7.0), Resolve(0, 0, None, True)],
     "resolve_resolved": [_w("ann", "desk", "need", "price"), _w("ann", "desk", "action", "r2"),
                          Resolve(0, 0, None, True), Resolve(1, 0, None, True)],
+    "boundary_claimed": [PreAction("bob", "pool", "r1", "book", 0.2),
+                         PostAction("ann", "pool", "r1", None),
+                         ResolveDeferred("pool", "r1", False)],
     "deferred_loser": [PreAction("ann", "pool", "r1", "book", 0.2),
                        PreAction("bob", "pool", "r1", "book", 0.9),
                        ResolveDeferred("pool", "r1", False)],
