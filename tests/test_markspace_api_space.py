@@ -128,7 +128,6 @@ def test_package_exception_types(make) -> None:
         space.read("nowhere")
 
 
-@pytest.mark.skipif("max_source" not in Agent.model_fields, reason="core has no max_source yet")
 def test_observation_above_max_source_is_a_scope_error(make) -> None:
     """§4.1: an agent capped at EXTERNAL_VERIFIED may not claim FLEET trust."""
     space = make()
