@@ -34,6 +34,11 @@ T0 = 1_700_000_000.0
 
 Clock = float | Callable[[], float] | None
 
+# The least float above 0: read(min_strength=ALIVE) returns exactly the marks at strength > 0,
+# every live mark. min_strength <= 0 also returns unsuperseded marks at strength 0 (expired
+# intents, resolved need copies, fully invalidated marks), as the markspace package does.
+ALIVE = 5e-324
+
 
 def unique_space_name() -> str:
     return f"t_{uuid.uuid4().hex}"

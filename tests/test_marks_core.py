@@ -58,6 +58,7 @@ from agentpost.marks.core import (
     mark_from_record,
     revalidate,
 )
+from marks_backends import ALIVE
 
 T0 = 1_700_000_000.0
 DECAY = DecayConfig(observation_half_life=100.0, warning_half_life=50.0, intent_ttl=30.0)
@@ -595,6 +596,7 @@ def _reference_read(space, name, resource, topic, kind, min_strength, nested=Tru
     """What read must return, by brute force over every mark (the scope and, if `nested`,
     the scopes under it)."""
     out = []
+    superseded = {m.supersedes for m in space.all_marks()}
     for mark in space.all_marks():
         inside = mark.scope == name or (nested and mark.scope.startswith(name + "/"))
         if not inside or (kind is not None and mark.mark_type != kind):
@@ -604,7 +606,8 @@ def _reference_read(space, name, resource, topic, kind, min_strength, nested=Tru
         if topic is not None and getattr(mark, "topic", None) != topic:
             continue
         strength = space.strength_of(mark)
-        if strength > 0 and strength >= min_strength:
+        # §8.2: strength >= min_strength; §10: never a superseded mark (at 0 the rest count)
+        if strength >= min_strength and (strength > 0 or mark.id not in superseded):
             out.append((-strength, mark.created_at, mark.id.int, mark.id))
     return [entry[-1] for entry in sorted(out)]
 
@@ -646,7 +649,7 @@ def test_indexed_reads_match_brute_force():
             mark = Need(scope=name, question="q")
         ids.append(space.write(agent, mark))
         if roll > 0.95:
-            needs = space.read(name, mark_type="need", min_strength=0)
+            needs = space.read(name, mark_type="need", min_strength=ALIVE)  # open ones
             if needs:  # resolved by a stored action, as the package requires
                 done = space.write(agent, Action(scope=name, resource="p", action="did"))
                 space.resolve(needs[0].id, done)
@@ -681,7 +684,9 @@ def test_resolve_need(space, agent):
     copy = space.get(copy_id)
     assert copy.resolved_by == action_id and copy.supersedes == need_id
     assert copy.agent_id == agent.id and space.get(need_id) == original
-    assert space.read("ops", mark_type="need", min_strength=0.0) == []
+    assert space.read("ops", mark_type="need", min_strength=ALIVE) == []
+    # at 0 the resolved copy (strength 0, not superseded) is read, never the need (§8.2, §10)
+    assert [m.id for m in space.read("ops", mark_type="need", min_strength=0.0)] == [copy_id]
     assert space.aggregate_needs() == []
     with pytest.raises(InvalidMark):
         space.resolve(need_id, action_id)

@@ -92,8 +92,10 @@ def test_read_includes_nested_scopes_not_siblings_with_filters_p23(space) -> Non
     assert _ids(space.read("research", max_tokens=1)) == []
     first = space.read("research", max_tokens=len(str(everything[0].model_dump())) // 4)
     assert _ids(first) == [everything[0].id]
-    # ours: never a strength-0 mark (the warned one, the superseded one), even at 0
-    assert set(_ids(space.read("research", topic="t", min_strength=0.0))) == {top, deep}
+    # §8.2 and the package: at 0 the fully warned mark (strength 0) is returned too, the
+    # superseded one never (§10); any threshold > 0 leaves both out
+    assert set(_ids(space.read("research", topic="t", min_strength=0.0))) == {top, warned, deep}
+    assert set(_ids(space.read("research", topic="t", min_strength=1e-12))) == {top, deep}
 
 
 def test_nested_read_takes_the_read_scopes_visibility_p21_p22(space) -> None:

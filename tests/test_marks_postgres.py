@@ -53,6 +53,7 @@ from agentpost.protocol.errors import (
 )
 from agentpost.store.server import libpq_dsn
 from dbtools import connect, query, rows
+from marks_backends import ALIVE
 
 T0 = 1_700_000_000.0
 
@@ -352,7 +353,9 @@ def test_strength_computed_in_sql_equals_the_core_functions(
         got = space.strength_of(stored)
         assert math.isclose(got, expected, rel_tol=1e-12, abs_tol=1e-300), (got, expected)
         read = {m.id for m in space.read("cal", mark_type=stored.mark_type, min_strength=0.0)}
-        assert (target_id in read) == (got > 0.0)
+        assert (target_id in read) == (not superseded)  # at 0: strength 0 too (§8.2)
+        alive = {m.id for m in space.read("cal", mark_type=stored.mark_type, min_strength=ALIVE)}
+        assert (target_id in alive) == (got > 0.0)
         active = {m.id for m in space.active_marks("cal", stored.mark_type)}
         assert (target_id in active) == (got > 0.0)
 
@@ -413,7 +416,8 @@ def test_warnings_too_strong_to_add_up_saturate_instead_of_failing(dsn: str) -> 
                                         initial_strength=1e308))
         stored = space.get(target)
         assert space.strength_of(stored) == 0.0
-        assert space.read("cal", resource="r", min_strength=0.0) == []
+        assert space.read("cal", resource="r", min_strength=ALIVE) == []
+        assert [m.id for m in space.read("cal", resource="r", min_strength=0.0)] == [target]
         assert effective_strength_with_warnings(
             stored, space.read("cal", topic="t"), T0, decay_config=CAL.decay) == 0.0
 
@@ -436,16 +440,17 @@ def test_the_index_prunes_nothing_a_read_should_return(dsn: str) -> None:
         for now in (T0 + 30.0, math.nextafter(T0 + 30.0, math.inf), T0 + 31):
             space.set_clock(now)
             expected = compute_strength(intent, now, decay) > 0
-            assert bool(space.read("cal", resource="r", min_strength=0.0)) == expected
+            assert bool(space.read("cal", resource="r", min_strength=ALIVE)) == expected
+            assert space.read("cal", resource="r", min_strength=0.0)  # expired or not
             assert bool(space.read("cal", resource="r")) == expected
         # 2^-20 = 9.5e-7 < FADE_FLOOR < 2^-19 = 1.9e-6
         for halvings in (18.0, 19.0, 19.9, 20.0, 21.0, 60.0, 2000.0):
             now = T0 + halvings
             space.set_clock(now)
             s = compute_strength(obs, now, decay)
-            for threshold in (0.0, 1e-9, FADE_FLOOR / 2, FADE_FLOOR, 1e-5):
+            for threshold in (0.0, ALIVE, 1e-9, FADE_FLOOR / 2, FADE_FLOOR, 1e-5):
                 got = space.read("cal", topic="t", min_strength=threshold)
-                assert bool(got) == (s > 0 and s >= threshold), (halvings, threshold)
+                assert bool(got) == (s >= threshold), (halvings, threshold)
 
 
 # --------------------------------------------------------------------------- subscriptions in SQL

@@ -52,7 +52,7 @@ from agentpost.marks import (
     resolve_conflict,
 )
 from agentpost.marks.core import REINFORCEMENT_CAP
-from marks_backends import BACKENDS, T0, SpaceFactory, factory_for
+from marks_backends import ALIVE, BACKENDS, T0, SpaceFactory, factory_for
 
 # --------------------------------------------------------------------------- fixtures
 
@@ -325,7 +325,7 @@ def test_p3_convergence(new_space, marks) -> None:
         assert totals[-2] < 1e-12
         assert totals[-1] == 0.0
         for scope in ("cal", "slow"):
-            assert space.read(scope, min_strength=0.0) == []
+            assert space.read(scope, min_strength=ALIVE) == []
         assert space.active_marks() == []
 
 
@@ -347,7 +347,9 @@ def test_p4_intent_expiry(new_space, initial, ttl, before, after) -> None:
         assert space.strength_of(intent) == initial
         at(space, ttl + after)
         assert space.strength_of(intent) == 0.0
-        assert space.read("cal", resource="r", min_strength=0.0) == []
+        assert space.read("cal", resource="r", min_strength=ALIVE) == []
+        # §8.2 excludes strength < min_strength only: at 0 the expired intent is still read
+        assert space.read("cal", resource="r", min_strength=0.0) == [intent]
         assert space.active_marks() == []
 
 
@@ -361,7 +363,7 @@ def test_p5_need_persistence(new_space, initial, ages) -> None:
         for age in ages:
             at(space, age)
             assert space.strength_of(need) == initial
-            found = space.read("cal", mark_type=MarkType.NEED, min_strength=0.0)
+            found = space.read("cal", mark_type=MarkType.NEED, min_strength=ALIVE)
             assert ids(found) == ([need.id] if initial > 0 else [])
 
 
@@ -1027,9 +1029,13 @@ def test_p29_resolution_immediacy(new_space, priorities, data) -> None:
             assert (copy.resolved_by, copy.supersedes) == (action_id, need.id)
             assert space.strength_of(need) == 0.0
             assert space.strength_of(copy) == 0.0
-            found = ids(space.read("cal", mark_type=MarkType.NEED, min_strength=0.0))
+            found = ids(space.read("cal", mark_type=MarkType.NEED, min_strength=ALIVE))
             assert need.id not in found
             assert copy_id not in found
+            # at 0 the copy (strength 0, not superseded) is read, never the need (§8.2, §10)
+            found = ids(space.read("cal", mark_type=MarkType.NEED, min_strength=0.0))
+            assert need.id not in found
+            assert copy_id in found
         open_ids = {n.id for n in needs} - {n.id for n in chosen}
         assert set(ids(space.read("cal", mark_type=MarkType.NEED))) == open_ids
         clustered = {n.id for c in space.aggregate_needs() for n in c.needs}
@@ -1210,7 +1216,9 @@ def test_p34_invalidation_bound(new_space, target, base, warnings, age) -> None:
         assert strength >= 0.0
         assert strength == pytest.approx(max(0.0, own - penalty), abs=1e-9)
         if own - penalty <= 0:
-            assert stored.id not in ids(space.read("cal", min_strength=0.0))
+            assert stored.id not in ids(space.read("cal", min_strength=ALIVE))
+            # §8.2: at strength 0, not below a threshold of 0; not superseded, so still read
+            assert stored.id in ids(space.read("cal", min_strength=0.0))
 
 
 @for_all()

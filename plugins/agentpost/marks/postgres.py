@@ -29,10 +29,12 @@ Why it is built this way:
   without a per-space lock: no write gets a time earlier than a mark already committed in
   its space. Ids are made in SQL from the write sequence (`agentpost.mark_id`), so marks that
   tie on created_at still order by write order under P32's (created_at, id).
-- **Reads are one statement** through plpgsql functions (`mark_read`, `mark_strength`), so
+- **Reads are one statement** through plpgsql functions (`mark_read_at`, `mark_strength`), so
   their plans are made once per session. Reads skip faded marks in the index (`fades_at`:
   expired intents, resolved needs, observations and warnings decayed below FADE_FLOOR when
-  min_strength allows it) instead of computing their strength.
+  min_strength allows it) instead of computing their strength. A read with min_strength <= 0
+  returns marks at strength 0 too (never superseded ones), as the package does, and so
+  prunes nothing (`mark_read_at`, sql/0068).
 - **The guard's lock is per (space, scope, resource)**: `lock()` opens a transaction on a
   pooled connection pinned to the calling thread and takes a transaction-scoped advisory lock
   on the key (never a global lock). Every call this object gets from that thread inside the
@@ -192,8 +194,8 @@ _ROW_FIELDS = (
 #: reads with min_strength >= this may skip, in the index, observations and warnings whose
 #: decay-times-trust strength has fallen below it; stored fades_at uses half of it as margin
 FADE_FLOOR = 1e-6
-#: marks whose strength is a step (full, then 0 for good): the index can always skip them
-#: once they are at 0, since reads never return a mark at strength 0
+#: marks whose strength is a step (full, then 0 for good): a read with min_strength > 0 (which
+#: never returns a mark at strength 0) can always skip them in the index once they are at 0
 _STEP_TYPES = frozenset({MarkType.INTENT, MarkType.ACTION, MarkType.NEED})
 _INF = math.inf
 
@@ -493,14 +495,14 @@ class PostgresMarkSpace(SpaceBase):
     ) -> list[AnyMark]:
         """Marks of `scope` and its nested scopes (only `scope` with `nested=False`)
         matching the filters whose effective strength (decay, trust, supersession, warnings;
-        at now, computed in SQL) is > 0 and >= `min_strength`, strongest
-        first (ties: created_at, id), cut to `max_tokens` (`space.fit_tokens`). `reader`
-        None is infrastructure and sees full marks; an Agent sees each mark as the stricter
-        of the read scope's visibility and the mark's own scope's (`_visible`, in Python
-        over the rows, §7.4). Each mark
-        decays with its own stored DecayConfig (the package: the read scope's). One
-        statement (sql/0067: the exact scope, then a C-collation range over its nested
-        scopes, both index scans), and it writes nothing (P28)."""
+        at now, computed in SQL) is >= `min_strength`, never superseded ones (so a threshold
+        <= 0 returns marks at strength 0 too, as the package), strongest first (ties:
+        created_at, id), cut to `max_tokens` (`space.fit_tokens`). `reader` None is
+        infrastructure and sees full marks; an Agent sees each mark as the stricter of the
+        read scope's visibility and the mark's own scope's (`_visible`, in Python over the
+        rows, §7.4). Each mark decays with its own stored DecayConfig (the package: the read
+        scope's). One statement (sql/0068's mark_read_at: the exact scope, then a C-collation
+        range over its nested scopes, both index scans), and it writes nothing (P28)."""
         fit_tokens([], max_tokens)  # a bad budget is refused before the query
         kind = mark_type_arg(mark_type)
         if reader is not None and not isinstance(reader, Agent):
@@ -523,10 +525,11 @@ class PostgresMarkSpace(SpaceBase):
                     return []
         now = self.now()
         rows = self._rows(
-            "read_tree" if nested else "read",
+            "read",
             {
                 **params,
                 "scope": scope,
+                "nested": nested,
                 "mark_type": None if kind is None else kind.value,
                 "min_strength": threshold,
                 "now": now,
@@ -560,7 +563,10 @@ class PostgresMarkSpace(SpaceBase):
     def _prune(now: float, kind: MarkType | None, by_resource: bool, threshold: float) -> float:
         """The fades_at bound a read may give the index: now when no mark that fades before
         now can qualify (step-strength marks, which are all a resource can hold, or a
-        threshold at or above FADE_FLOOR), else -Infinity (no pruning)."""
+        threshold at or above FADE_FLOOR), else -Infinity (no pruning). A threshold <= 0
+        asks for marks at strength 0 too: no pruning."""
+        if threshold <= 0.0:
+            return -_INF
         if by_resource or kind in _STEP_TYPES or threshold >= FADE_FLOOR:
             return now
         return -_INF

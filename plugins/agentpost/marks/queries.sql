@@ -16,15 +16,11 @@ SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes,
  WHERE id = %(id)s AND space = %(space)s
 
 -- name: read
--- §8.2 on one scope (exact: read(nested=False), the guard's view), optional filters,
--- strength >= min_strength, never superseded.
-SELECT * FROM agentpost.mark_read(%(space)s, %(scope)s, %(resource)s, %(topic)s,
-                                  %(mark_type)s, %(min_strength)s, %(now)s, %(prune)s)
-
--- name: read_tree
--- §8.2 as the package reads: the scope and every scope nested under it (sql/0067).
-SELECT * FROM agentpost.mark_read_tree(%(space)s, %(scope)s, %(resource)s, %(topic)s,
-                                       %(mark_type)s, %(min_strength)s, %(now)s, %(prune)s)
+-- §8.2: the scope, and with nested every scope under it (read; read_exact: the scope alone),
+-- optional filters, strength >= min_strength, never superseded (sql/0068).
+SELECT * FROM agentpost.mark_read_at(%(space)s, %(scope)s, %(nested)s, %(resource)s,
+                                     %(topic)s, %(mark_type)s, %(min_strength)s, %(now)s,
+                                     %(prune)s)
 
 -- name: active_marks
 SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes, resource,
@@ -91,11 +87,11 @@ SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes,
   FROM agentpost.mark_claims(%(space)s, %(scope)s, %(resource)s)
 
 -- name: read_with_claims
--- The guard's view of one resource in one round trip: read(scope, resource=...) rows (with
+-- The guard's view of one resource in one round trip: read_exact(scope, resource=...) rows (with
 -- their strength, claim = false), then the resource's claims (claim = true).
 SELECT r.*, false AS claim
-  FROM agentpost.mark_read(%(space)s, %(scope)s, %(resource)s, NULL, NULL, %(min_strength)s,
-                           %(now)s, %(prune)s) r
+  FROM agentpost.mark_read_at(%(space)s, %(scope)s, false, %(resource)s, NULL, NULL,
+                              %(min_strength)s, %(now)s, %(prune)s) r
 UNION ALL
 SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes, resource,
        action, topic, confidence, source, invalidates, severity, priority, blocking,

@@ -9,7 +9,8 @@ Reads never scan the space. Each written mark goes into time-ordered buckets key
 observations and warnings, and (scope, mark_type). Marks enter a bucket in created_at order
 (created_at is monotonic), so a read bisects past the marks too old to reach `min_strength`:
 intents older than the bucket's longest TTL, observations and warnings older than
-`half_life * log2(max_weight / min_strength)`. Superseded marks (permanently at strength 0)
+`half_life * log2(max_weight / min_strength)` (a read at min_strength <= 0 takes whole
+buckets: marks at strength 0 qualify). Superseded marks (permanently at strength 0)
 are dropped from the buckets when a bucket is half dead; they stay in `get()` until `gc()`.
 A supersession map (superseded id -> superseding id) and a warnings-by-target map make
 strength O(1) plus the number of live warnings on the mark.
@@ -30,9 +31,11 @@ Readings chosen where the spec leaves room (also in docs/design.md):
 - Strength: each mark decays with the DecayConfig it was written under (its governing
   scope's, stored with it). The package decays a child scope's marks with the read scope's
   config instead; we keep the mark's own, so a mark has one strength whatever scope reads it.
-- `read` never returns a mark of effective strength 0 (superseded, resolved, expired, fully
-  invalidated), whatever `min_strength`; otherwise it returns strength >= min_strength.
-  (The package returns strength-0 marks, but not superseded ones, when min_strength <= 0.)
+- `read` returns the marks with effective strength >= `min_strength` (§8.2), never a
+  superseded one (§10: invisible). So a threshold <= 0 also returns unsuperseded marks at
+  strength 0 (expired intents, resolved need copies, fully invalidated marks, marks written
+  at strength 0), as the package does; a threshold > 0 only marks with strength > 0. Callers
+  that mean "every live mark" ask for a tiny positive threshold (the guard's ACTIVE).
 - Each mark keeps the DecayConfig of the scope it was written under (the Postgres backend
   stores it in the row), so re-registering a scope affects later marks only.
 - `created_at = max(clock(), last created_at)`: monotonic even if the clock steps back (P32).
@@ -386,7 +389,7 @@ def collectable(mark: Mark, decay: DecayConfig, now: float, grace_period: float)
 
 
 def min_strength_arg(min_strength: object) -> float:
-    """`read`'s threshold: any number but NaN (marks at strength 0 are never returned)."""
+    """`read`'s threshold: any number but NaN (<= 0 also returns marks at strength 0)."""
     if isinstance(min_strength, bool) or not isinstance(min_strength, int | float):
         raise InvalidArgument(f"min_strength must be a number, not {min_strength!r}")
     value = float(min_strength)
@@ -833,8 +836,7 @@ class MarkSpace(SpaceBase):
             self._retire(stored.supersedes)
         if isinstance(stored, Warning) and stored.invalidates is not None:
             self._warnings_on.setdefault(stored.invalidates, []).append(stored)
-        if not (isinstance(stored, Need) and stored.resolved_by is not None):
-            self._index(stored, decay)  # a resolved need is at strength 0 for good
+        self._index(stored, decay)  # resolved copies too: read(min_strength=0) returns them
         self._enqueue(stored)
         return stored
 
@@ -882,12 +884,12 @@ class MarkSpace(SpaceBase):
     ) -> list[AnyMark]:
         """Marks of `scope` and its nested scopes (only `scope` with `nested=False`)
         matching the filters whose effective strength (decay, trust, supersession, warnings;
-        at now) is > 0 and >= `min_strength`, strongest first (ties:
-        created_at, id), cut to `max_tokens` (see `fit_tokens`). `reader` None is
-        infrastructure and sees full marks; an Agent sees each mark as the stricter of the
-        read scope's visibility and the mark's own scope's (`_visible`, §7.4). No side effects
-        (P28). Each mark decays with its own stored DecayConfig (the package: the read
-        scope's)."""
+        at now) is >= `min_strength`, never superseded ones (so a threshold <= 0 returns
+        marks at strength 0 too, as the package), strongest first (ties: created_at, id),
+        cut to `max_tokens` (see `fit_tokens`). `reader` None is infrastructure and sees full
+        marks; an Agent sees each mark as the stricter of the read scope's visibility and the
+        mark's own scope's (`_visible`, §7.4). No side effects (P28). Each mark decays with
+        its own stored DecayConfig (the package: the read scope's)."""
         kind = mark_type_arg(mark_type)
         threshold = min_strength_arg(min_strength)
         if reader is not None and not isinstance(reader, Agent):
@@ -902,7 +904,8 @@ class MarkSpace(SpaceBase):
                 (mark, strength)
                 for name in names
                 for mark in self._candidates(name, resource, topic, kind, now, threshold)
-                if (strength := self._strength(mark, now)) > 0.0 and strength >= threshold
+                if (strength := self._strength(mark, now)) >= threshold
+                and (strength > 0.0 or mark.id not in self._superseded_by)
             ]
         scored.sort(key=lambda pair: read_order_key(pair[0], pair[1]))
         return fit_tokens(self._visible([m for m, _ in scored], definition, scope, reader),
@@ -931,7 +934,7 @@ class MarkSpace(SpaceBase):
         threshold: float,
     ) -> Iterator[Mark]:
         """Marks of one scope that may match, from the narrowest bucket(s); exact filters
-        applied here."""
+        applied here. A threshold <= 0 takes whole buckets: marks at strength 0 count."""
         if resource is not None:
             kinds, key = (MarkType.INTENT, MarkType.ACTION), resource
         elif topic is not None:
@@ -944,7 +947,7 @@ class MarkSpace(SpaceBase):
             bucket = self._buckets.get((scope, each, key))
             if bucket is None:
                 continue
-            for mark in bucket.live(now, threshold):
+            for mark in bucket.marks if threshold <= 0.0 else bucket.live(now, threshold):
                 if resource is not None and topic is not None and mark_topic(mark) != topic:
                     continue
                 yield mark
@@ -1117,9 +1120,7 @@ class MarkSpace(SpaceBase):
                 self._live[mark.agent_id] = self._live.get(mark.agent_id, 0) + 1
             if isinstance(mark, Warning) and mark.invalidates is not None:
                 self._warnings_on.setdefault(mark.invalidates, []).append(mark)
-            if mark.id not in self._superseded_by and not (
-                isinstance(mark, Need) and mark.resolved_by is not None
-            ):
+            if mark.id not in self._superseded_by:
                 self._index(mark, self._decay[mark.id])
 
     def aggregate_needs(self) -> list[NeedCluster]:
