@@ -13,6 +13,7 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
+from agentpost.web.pages.analytics import ResultTable
 from web_support import Web
 
 T0 = datetime(2026, 11, 24, 10, 0, tzinfo=UTC)
@@ -135,6 +136,19 @@ def test_the_tables_refuse_rows_outside_the_contract(db: Db, sql: str,
 
 def test_anonymous_is_401(web: Web) -> None:
     assert web.client(None).get("/agentpost/api/analytics").status_code == 401
+
+
+@pytest.mark.parametrize(("table", "columns"), [
+    ("analytics_x; DROP TABLE agentpost.trail", ("inbox",)),
+    ("analytics_inbox_latency", ("inbox", "p50_ms) FROM pg_shadow --")),
+    ("Analytics", ("inbox",)),
+])
+def test_a_result_table_takes_plain_identifiers_only(table: str,
+                                                     columns: tuple[str, ...]) -> None:
+    """The latest-window queries are SQL text made from RESULTS: a name that is not a plain
+    lowercase identifier is refused where it is declared."""
+    with pytest.raises(ValueError, match="not a plain SQL identifier"):
+        ResultTable(table, columns, "inbox")
 
 
 def test_channel_latency_needs_and_audit_reports(web: Web, db: Db) -> None:
