@@ -13,6 +13,7 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
+from agentpost.web.pages.analytics import ResultTable
 from web_support import Web
 
 T0 = datetime(2026, 11, 24, 10, 0, tzinfo=UTC)
@@ -137,6 +138,19 @@ def test_anonymous_is_401(web: Web) -> None:
     assert web.client(None).get("/agentpost/api/analytics").status_code == 401
 
 
+@pytest.mark.parametrize(("table", "columns"), [
+    ("analytics_x; DROP TABLE agentpost.trail", ("inbox",)),
+    ("analytics_inbox_latency", ("inbox", "p50_ms) FROM pg_shadow --")),
+    ("Analytics", ("inbox",)),
+])
+def test_a_result_table_takes_plain_identifiers_only(table: str,
+                                                     columns: tuple[str, ...]) -> None:
+    """The latest-window queries are SQL text made from RESULTS: a name that is not a plain
+    lowercase identifier is refused where it is declared."""
+    with pytest.raises(ValueError, match="not a plain SQL identifier"):
+        ResultTable(table, columns, "inbox")
+
+
 def test_channel_latency_needs_and_audit_reports(web: Web, db: Db) -> None:
     """The tables of sql/0063 (latest window) and the latest audit reports of sql/0064,
     newest first, each check's failed / checked counts out of its report."""
@@ -174,3 +188,72 @@ def test_channel_latency_needs_and_audit_reports(web: Web, db: Db) -> None:
     assert table.count("<tr data-audit=") == 2 and "FAILED" in table
     assert 'data-check="chain_links">chain_links 2 / 10' in table
     assert 'id="analytics-channels"' in page and 'id="analytics-needs"' in page
+
+
+#: per page table: its result table, the columns the rows below give, rows in an order the
+#: page must change, and the page's order of them (by the leading columns of the rows);
+#: every key of the table's order decides somewhere where the later keys would not
+ORDERED: dict[str, tuple[str, str, list[tuple[Any, ...]], list[tuple[Any, ...]]]] = {
+    "latency": ("analytics_inbox_latency", "inbox, delivered, p50_ms, p95_ms, p99_ms",
+                [("a", 1, 1.0, 5.0, 6.0), ("c", 1, 1.0, 9.0, 9.0), ("b", 1, 1.0, 9.0, 9.0)],
+                [("b",), ("c",), ("a",)]),
+    "outcomes": ("analytics_delivery_outcomes", "inbox, outcome, reason, count, rate",
+                 [("desk", "rejected", "", 1, 0.5), ("desk", "dead_lettered", "x", 3, 0.5),
+                  ("box", "redelivered", "y", 3, 0.5), ("box", "redelivered", "a", 3, 0.5),
+                  ("box", "dead_lettered", "y", 3, 0.5), ("zed", "rejected", "", 1, 0.9),
+                  ("abc", "rejected", "", 1, 0.5)],
+                 [("zed", "rejected", ""), ("box", "dead_lettered", "y"),
+                  ("box", "redelivered", "a"), ("box", "redelivered", "y"),
+                  ("desk", "dead_lettered", "x"), ("abc", "rejected", ""),
+                  ("desk", "rejected", "")]),
+    "conflicts": ("analytics_conflicts", "scope, policy, outcome, count",
+                  [("s2", "p1", "won", 1), ("s1", "p2", "won", 5), ("s1", "p1", "lost", 2),
+                   ("s1", "p1", "won", 9), ("s1", "p1", "deferred", 2)],
+                  [("s1", "p1", "won"), ("s1", "p1", "deferred"), ("s1", "p1", "lost"),
+                   ("s1", "p2", "won"), ("s2", "p1", "won")]),
+    "commands": ("analytics_commands", "workspace, action, commands, compensation_rate",
+                 [("w", "a", 1, 0.5), ("w", "b", 4, 0.1), ("v", "c", 4, 0.1),
+                  ("v", "a", 4, 0.1), ("x", "z", 9, 0.0), ("a", "a", 2, 0.1)],
+                 [("w", "a"), ("v", "a"), ("v", "c"), ("w", "b"), ("a", "a"), ("x", "z")]),
+    "agents": ("analytics_agent_activity",
+               "agent, sent, received, anomaly, anomaly_score, anomaly_reason",
+               [("ant", 1, 1, False, None, None), ("busy", 10, 0, False, None, None),
+                ("also", 5, 5, False, None, None), ("mild", 0, 0, False, 5.0, None),
+                ("odd", 1, 1, True, 2.0, "odd"), ("odder", 1, 1, True, 3.0, "odder")],
+               [("odder",), ("odd",), ("mild",), ("also",), ("busy",), ("ant",)]),
+    "channels": ("analytics_channel_latency",
+                 "sender, inbox, delivered, p50_ms, p95_ms, p99_ms",
+                 [("b", "x", 1, 1.0, 9.0, 9.0), ("a", "y", 1, 1.0, 9.0, 9.0),
+                  ("a", "x", 1, 1.0, 9.0, 9.0), ("0", "x", 1, 1.0, 1.0, 1.0)],
+                 [("a", "x"), ("a", "y"), ("b", "x"), ("0", "x")]),
+    "needs": ("analytics_needs",
+              "space, scope, cluster_key, opened, resolved, still_open, ttr_p50_s, ttr_p95_s",
+              [("a", "ops", "k1", 9, 9, 0, 1.0, 1.0), ("a", "ops", "k2", 3, 0, 3, None, None),
+               ("m", "lot", "k3", 4, 1, 3, 1.0, 1.0), ("a", "ops", "k4", 4, 0, 3, None, None),
+               ("a", "ops", "k0", 4, 0, 3, None, None), ("a", "lot", "k5", 4, 0, 3, None, None)],
+              [("a", "lot", "k5"), ("a", "ops", "k0"), ("a", "ops", "k4"), ("m", "lot", "k3"),
+               ("a", "ops", "k2"), ("a", "ops", "k1")]),
+}
+
+
+def test_each_table_shows_its_latest_window_in_its_order(web: Web, db: Db) -> None:
+    """Every result table, with older windows around (an earlier start; the same start but
+    an earlier end): the page shows only the latest window (latest start, then latest end),
+    its rows in the table's order. Later than every other test's windows, so it runs last."""
+    start = T0 + 20 * HOUR
+    latest = (start, start + 2 * HOUR)
+    for table, columns, rows, _ in ORDERED.values():
+        marks = ", ".join(["%s"] * (len(rows[0]) + 2))
+        insert = (f"INSERT INTO agentpost.{table} (window_start, window_end, {columns})"
+                  f" VALUES ({marks})")
+        for row in rows:
+            db.execute(insert, (*latest, *row))
+        for older in [(start - HOUR, start), (start, start + HOUR)]:
+            db.execute(insert, (*older, *rows[0]))
+    tables = web.client("viewer").get("/agentpost/api/analytics").json()["tables"]
+    for name, (_, columns, _, expected) in ORDERED.items():
+        shown = tables[name]
+        bounds = (shown["window_start"], shown["window_end"])
+        assert tuple(map(datetime.fromisoformat, bounds)) == latest, name
+        keys = columns.split(", ")[:len(expected[0])]
+        assert [tuple(r[k] for k in keys) for r in shown["rows"]] == expected, name

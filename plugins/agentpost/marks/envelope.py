@@ -297,13 +297,7 @@ class WelfordDetector(AnomalyDetector):
         return self._completed
 
     def export_state(self) -> dict[str, Any]:
-        return {
-            "completed_windows": self._completed,
-            "active_windows": self._active,
-            "welford_n": {t.value: s.n for t, s in self._stats.items()},
-            "welford_mean": {t.value: s.mean for t, s in self._stats.items()},
-            "welford_m2": {t.value: s.m2 for t, s in self._stats.items()},
-        }
+        return _export_accumulators(self._stats, self._completed, self._active)
 
     def import_state(self, data: dict[str, Any]) -> None:
         """Merge an exported baseline: window counts never go down; the accumulators of the
@@ -311,9 +305,7 @@ class WelfordDetector(AnomalyDetector):
         completed = int(data.get("completed_windows", 0))
         self._completed = max(self._completed, completed)
         self._active = max(self._active, int(data.get("active_windows", completed)))
-        for column, attribute, kind in _EXPORTED:
-            for key, value in data.get(column, {}).items():
-                setattr(self._stats.setdefault(MarkType(key), Welford()), attribute, kind(value))
+        _import_accumulators(self._stats, data)
         self._cold = None
 
     def diagnostic_stats(self) -> dict[str, Any]:
@@ -335,6 +327,29 @@ class WelfordDetector(AnomalyDetector):
 
 
 _EXPORTED = (("welford_n", "n", int), ("welford_mean", "mean", float), ("welford_m2", "m2", float))
+
+
+def _export_accumulators(
+    stats: Mapping[MarkType, Welford], completed: int, active: int
+) -> dict[str, Any]:
+    """Per-type accumulators in the package's export format: one format for both engines'
+    detectors (and so for ``export_stats``), written once."""
+    return {
+        "completed_windows": completed,
+        "active_windows": active,
+        **{
+            column: {t.value: getattr(s, attribute) for t, s in stats.items()}
+            for column, attribute, _ in _EXPORTED
+        },
+    }
+
+
+def _import_accumulators(stats: dict[MarkType, Welford], data: Mapping[str, Any]) -> None:
+    """Replace the accumulators of the types ``data`` (`_export_accumulators`) names; the
+    window counts are the caller's, since the engines count windows differently."""
+    for column, attribute, kind in _EXPORTED:
+        for key, value in data.get(column, {}).items():
+            setattr(stats.setdefault(MarkType(key), Welford()), attribute, kind(value))
 
 
 def _seeded_m2(mean: float, n: int) -> float:
@@ -365,19 +380,11 @@ class Detector(Protocol):
 
     def export_state(self) -> dict[str, Any]:
         """The accumulators in the package's export format."""
-        return {
-            "completed_windows": self.windows_completed,
-            "active_windows": self.windows_completed,
-            "welford_n": {t.value: s.n for t, s in self.stats.items()},
-            "welford_mean": {t.value: s.mean for t, s in self.stats.items()},
-            "welford_m2": {t.value: s.m2 for t, s in self.stats.items()},
-        }
+        return _export_accumulators(self.stats, self.windows_completed, self.windows_completed)
 
     def import_state(self, data: Mapping[str, Any]) -> None:
         self.windows_completed = max(self.windows_completed, int(data.get("completed_windows", 0)))
-        for column, attribute, kind in _EXPORTED:
-            for key, value in data.get(column, {}).items():
-                setattr(self.stats.setdefault(MarkType(key), Welford()), attribute, kind(value))
+        _import_accumulators(self.stats, data)
 
     def discard_current(self) -> None: ...
 
@@ -449,19 +456,11 @@ class WindowedDetector:
 
     def export_state(self) -> dict[str, Any]:
         """The accumulators in the package's export format."""
-        return {
-            "completed_windows": self.windows_completed,
-            "active_windows": self.windows_completed,
-            "welford_n": {t.value: s.n for t, s in self.stats.items()},
-            "welford_mean": {t.value: s.mean for t, s in self.stats.items()},
-            "welford_m2": {t.value: s.m2 for t, s in self.stats.items()},
-        }
+        return _export_accumulators(self.stats, self.windows_completed, self.windows_completed)
 
     def import_state(self, data: Mapping[str, Any]) -> None:
         self.windows_completed = max(self.windows_completed, int(data.get("completed_windows", 0)))
-        for column, attribute, kind in _EXPORTED:
-            for key, value in data.get(column, {}).items():
-                setattr(self.stats.setdefault(MarkType(key), Welford()), attribute, kind(value))
+        _import_accumulators(self.stats, data)
 
     def discard_current(self) -> None:
         self.current = Counter()

@@ -1,71 +1,17 @@
--- The analytics page (pages/analytics.py): the latest window of each result table of the
--- Spark jobs (sql/0061_trail_analytics.sql), found by a backward scan of its primary key
--- (window_start, window_end, ...), then that window's rows by the same key, LIMITed.
+-- The analytics page (pages/analytics.py).
 
--- name: latency
-SELECT window_start, window_end, inbox, delivered, p50_ms, p95_ms, p99_ms
-  FROM agentpost.analytics_inbox_latency
+-- name: latest_window
+-- The latest window of one result table of the Spark jobs (sql/0061_trail_analytics.sql,
+-- sql/0063_more_analytics.sql), found by a backward scan of its primary key
+-- (window_start, window_end, ...), then that window's rows by the same key, LIMITed. A
+-- template for str.format: pages/analytics.py fills in the table, its columns and its
+-- order from its fixed RESULTS, never from a request, so the seven tables share one query.
+SELECT window_start, window_end, {columns}
+  FROM agentpost.{table}
  WHERE (window_start, window_end) = (SELECT window_start, window_end
-                                       FROM agentpost.analytics_inbox_latency
+                                       FROM agentpost.{table}
                                       ORDER BY window_start DESC, window_end DESC LIMIT 1)
- ORDER BY p95_ms DESC, inbox
- LIMIT %(limit)s
-
--- name: outcomes
-SELECT window_start, window_end, inbox, outcome, reason, count, rate
-  FROM agentpost.analytics_delivery_outcomes
- WHERE (window_start, window_end) = (SELECT window_start, window_end
-                                       FROM agentpost.analytics_delivery_outcomes
-                                      ORDER BY window_start DESC, window_end DESC LIMIT 1)
- ORDER BY rate DESC, count DESC, inbox, outcome, reason
- LIMIT %(limit)s
-
--- name: conflicts
-SELECT window_start, window_end, scope, policy, outcome, count
-  FROM agentpost.analytics_conflicts
- WHERE (window_start, window_end) = (SELECT window_start, window_end
-                                       FROM agentpost.analytics_conflicts
-                                      ORDER BY window_start DESC, window_end DESC LIMIT 1)
- ORDER BY scope, policy, count DESC, outcome
- LIMIT %(limit)s
-
--- name: commands
-SELECT window_start, window_end, workspace, action, commands, executed, failed, rejected,
-       canceled, compensated, compensation_rate
-  FROM agentpost.analytics_commands
- WHERE (window_start, window_end) = (SELECT window_start, window_end
-                                       FROM agentpost.analytics_commands
-                                      ORDER BY window_start DESC, window_end DESC LIMIT 1)
- ORDER BY compensation_rate DESC, commands DESC, workspace, action
- LIMIT %(limit)s
-
--- name: agents
-SELECT window_start, window_end, agent, sent, received, acked, nacked, marks, commands,
-       anomaly, anomaly_score, anomaly_reason
-  FROM agentpost.analytics_agent_activity
- WHERE (window_start, window_end) = (SELECT window_start, window_end
-                                       FROM agentpost.analytics_agent_activity
-                                      ORDER BY window_start DESC, window_end DESC LIMIT 1)
- ORDER BY anomaly DESC, anomaly_score DESC NULLS LAST, sent + received DESC, agent
- LIMIT %(limit)s
-
--- name: channels
-SELECT window_start, window_end, sender, inbox, delivered, p50_ms, p95_ms, p99_ms
-  FROM agentpost.analytics_channel_latency
- WHERE (window_start, window_end) = (SELECT window_start, window_end
-                                       FROM agentpost.analytics_channel_latency
-                                      ORDER BY window_start DESC, window_end DESC LIMIT 1)
- ORDER BY p95_ms DESC, sender, inbox
- LIMIT %(limit)s
-
--- name: needs
-SELECT window_start, window_end, space, scope, cluster_key, opened, resolved, still_open,
-       ttr_p50_s, ttr_p95_s
-  FROM agentpost.analytics_needs
- WHERE (window_start, window_end) = (SELECT window_start, window_end
-                                       FROM agentpost.analytics_needs
-                                      ORDER BY window_start DESC, window_end DESC LIMIT 1)
- ORDER BY still_open DESC, opened DESC, space, scope, cluster_key
+ ORDER BY {order}
  LIMIT %(limit)s
 
 -- name: latency_history

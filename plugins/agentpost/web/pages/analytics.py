@@ -9,6 +9,8 @@ latest audit reports. It never computes anything over the trail itself.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -28,17 +30,56 @@ Store = Annotated[EnvelopeStore, Depends(get_store)]
 ROWS = 200
 CHART_INBOXES = 5
 CHART_WINDOWS = 48
-TABLES: dict[str, tuple[str, ...]] = {
-    "latency": ("inbox", "delivered", "p50_ms", "p95_ms", "p99_ms"),
-    "channels": ("sender", "inbox", "delivered", "p50_ms", "p95_ms", "p99_ms"),
-    "outcomes": ("inbox", "outcome", "reason", "count", "rate"),
-    "conflicts": ("scope", "policy", "outcome", "count"),
-    "commands": ("workspace", "action", "commands", "executed", "failed", "rejected",
-                 "canceled", "compensated", "compensation_rate"),
-    "needs": ("space", "scope", "cluster_key", "opened", "resolved", "still_open",
-              "ttr_p50_s", "ttr_p95_s"),
-    "agents": ("agent", "sent", "received", "acked", "nacked", "marks", "commands",
-               "anomaly", "anomaly_score", "anomaly_reason"),
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class ResultTable:
+    """One result table as the page shows it: the table (schema agentpost), its columns
+    after the window, and the order of its rows (a trusted SQL fragment). The names go into
+    SQL text, so they must be plain identifiers."""
+
+    table: str
+    columns: tuple[str, ...]
+    order: str
+
+    def __post_init__(self) -> None:
+        bad = [n for n in (self.table, *self.columns) if not _IDENTIFIER.fullmatch(n)]
+        if bad:
+            raise ValueError(f"not a plain SQL identifier: {bad}")
+
+
+#: the page's tables, in the page's order; the only source of the latest-window queries
+RESULTS: dict[str, ResultTable] = {
+    "latency": ResultTable("analytics_inbox_latency",
+                           ("inbox", "delivered", "p50_ms", "p95_ms", "p99_ms"),
+                           "p95_ms DESC, inbox"),
+    "channels": ResultTable("analytics_channel_latency",
+                            ("sender", "inbox", "delivered", "p50_ms", "p95_ms", "p99_ms"),
+                            "p95_ms DESC, sender, inbox"),
+    "outcomes": ResultTable("analytics_delivery_outcomes",
+                            ("inbox", "outcome", "reason", "count", "rate"),
+                            "rate DESC, count DESC, inbox, outcome, reason"),
+    "conflicts": ResultTable("analytics_conflicts", ("scope", "policy", "outcome", "count"),
+                             "scope, policy, count DESC, outcome"),
+    "commands": ResultTable("analytics_commands",
+                            ("workspace", "action", "commands", "executed", "failed",
+                             "rejected", "canceled", "compensated", "compensation_rate"),
+                            "compensation_rate DESC, commands DESC, workspace, action"),
+    "needs": ResultTable("analytics_needs",
+                         ("space", "scope", "cluster_key", "opened", "resolved", "still_open",
+                          "ttr_p50_s", "ttr_p95_s"),
+                         "still_open DESC, opened DESC, space, scope, cluster_key"),
+    "agents": ResultTable("analytics_agent_activity",
+                          ("agent", "sent", "received", "acked", "nacked", "marks", "commands",
+                           "anomaly", "anomaly_score", "anomaly_reason"),
+                          "anomaly DESC, anomaly_score DESC NULLS LAST, sent + received DESC,"
+                          " agent"),
+}
+TABLES: dict[str, tuple[str, ...]] = {name: t.columns for name, t in RESULTS.items()}
+LATEST: dict[str, str] = {
+    name: Q["latest_window"].format(table=t.table, columns=", ".join(t.columns), order=t.order)
+    for name, t in RESULTS.items()
 }
 AUDITS = 10
 AUDIT_COLUMNS = ("id", "started_at", "finished_at", "taken_at", "ok", "entries", "failed")
@@ -46,7 +87,7 @@ AUDIT_COLUMNS = ("id", "started_at", "finished_at", "taken_at", "ok", "entries",
 
 def latest(store: EnvelopeStore, table: str) -> dict[str, Any]:
     """The latest window of one result table: its bounds and its rows."""
-    rows = store.db.fetchall(Q[table], {"limit": ROWS})
+    rows = store.db.fetchall(LATEST[table], {"limit": ROWS})
     if not rows:
         return {"window_start": None, "window_end": None, "rows": []}
     return {"window_start": rows[0][0], "window_end": rows[0][1],
