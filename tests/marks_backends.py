@@ -5,10 +5,11 @@
 of its own, so one database serves a whole test module: a space is cheap to create by
 contract (no DDL, no scan), and two spaces never see each other's marks.
 
-``BACKENDS`` is the parameter list of the ``backend`` fixtures.
+``BACKENDS`` is the parameter list of the backend fixtures.
 
-``SpaceFactory`` is what the test modules' ``new_space`` fixtures hand out: it builds spaces of
-the test's backend and closes them all at teardown.
+``SpaceFactory`` builds spaces of one backend and closes them all at teardown. Two fixtures
+hand one out, a test module imports the one it uses: ``make_space`` (parametrized itself) and
+``new_space`` (parametrized through ``backend``, which a test can also take to branch on it).
 """
 
 from __future__ import annotations
@@ -92,16 +93,31 @@ class SpaceFactory:
             close_space(self._made.pop())
 
 
-def factory_for(request: pytest.FixtureRequest, kind: str) -> SpaceFactory:
-    """The factory of ``kind``; a Postgres one draws the module's database (``module_dsn``)."""
+def factories(request: pytest.FixtureRequest, kind: str) -> Iterator[SpaceFactory]:
+    """The body of the factory fixtures: a factory of ``kind`` (a Postgres one draws the
+    module's database, ``module_dsn``), whose spaces are closed at teardown."""
     dsn = request.getfixturevalue("module_dsn") if kind == "postgres" else None
-    return SpaceFactory(kind, dsn)
+    factory = SpaceFactory(kind, dsn)
+    yield factory
+    factory.close_all()
 
 
 @pytest.fixture(params=BACKENDS, name="make_space")
 def make_space_fixture(request: pytest.FixtureRequest) -> Iterator[SpaceFactory]:
     """``make_space(scopes, clock=T0)`` -> a fresh, empty space with ``scopes`` registered,
-    of each backend in turn (import it into a test module to use it)."""
-    factory = factory_for(request, request.param)
-    yield factory
-    factory.close_all()
+    of each backend in turn (import it into a test module to use it). Parametrized itself,
+    so a test can pick one backend with ``parametrize("make_space", [...], indirect=True)``."""
+    yield from factories(request, request.param)
+
+
+@pytest.fixture(params=BACKENDS, name="backend")
+def backend_fixture(request: pytest.FixtureRequest) -> str:
+    """The backend of the test, "memory" then "postgres", for tests that branch on it."""
+    return request.param
+
+
+@pytest.fixture(name="new_space")
+def new_space_fixture(request: pytest.FixtureRequest, backend: str) -> Iterator[SpaceFactory]:
+    """``new_space(scopes, clock=T0)`` -> a fresh, empty space of ``backend`` (import both
+    ``backend_fixture`` and ``new_space_fixture`` into a test module to use it)."""
+    yield from factories(request, backend)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,20 +53,7 @@ from agentpost.marks import (
 )
 from agentpost.marks.core import MAX_LABEL
 from agentpost.protocol.errors import AgentpostError, ConfigurationError
-from marks_backends import BACKENDS, T0, SpaceFactory, factory_for
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
-@pytest.fixture
-def new_space(request: pytest.FixtureRequest, backend: str) -> Iterator[SpaceFactory]:
-    factory = factory_for(request, backend)
-    yield factory
-    factory.close_all()
-
+from marks_backends import T0, SpaceFactory, backend_fixture, new_space_fixture  # noqa: F401 (fixtures)
 
 SCOPES = [
     Scope(

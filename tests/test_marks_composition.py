@@ -6,9 +6,7 @@ is never activated twice within its interval."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,17 +23,10 @@ from agentpost.marks import (
 )
 from agentpost.marks.compose import validate_manifest_permissions, validate_pipeline
 from agentpost.marks.schedule import Scheduler
-from marks_backends import BACKENDS, T0, SpaceFactory, factory_for
+from marks_backends import T0, SpaceFactory, backend_fixture, new_space_fixture  # noqa: F401 (fixtures)
 
 SENSORS = Scope(name="sensors", decay=DecayConfig(observation_half_life=hours(1)))
 OTHER = Scope(name="other")
-
-
-@pytest.fixture(params=BACKENDS)
-def new_space(request: pytest.FixtureRequest) -> Iterator[SpaceFactory]:
-    factory = factory_for(request, request.param)
-    yield factory
-    factory.close_all()
 
 
 def _writer(name: str = "writer") -> Agent:

@@ -22,7 +22,7 @@ from agentpost.marks.core import (
     ScopeVisibility,
     Warning,
 )
-from marks_backends import BACKENDS, T0, factory_for
+from marks_backends import T0, SpaceFactory, backend_fixture, new_space_fixture  # noqa: F401 (fixtures)
 
 DECAY = DecayConfig(observation_half_life=60.0, warning_half_life=60.0, intent_ttl=100.0)
 SCOPES = [
@@ -44,11 +44,10 @@ VAULT_READER = Agent(name="vault-reader", scopes={}, read_scopes=("desk/vault",)
 NOTES_READER = Agent(name="notes-reader", scopes={}, read_scopes=("desk/notes",))
 
 
-@pytest.fixture(params=BACKENDS)
-def space(request: pytest.FixtureRequest):
-    factory = factory_for(request, request.param)
-    yield factory(SCOPES, T0)
-    factory.close_all()
+@pytest.fixture
+def space(new_space: SpaceFactory):
+    """A fresh space of the test's backend with SCOPES, at T0."""
+    return new_space(SCOPES, T0)
 
 
 def _obs(scope: str, topic: str, strength: float, **fields) -> Observation:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import math
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -52,21 +51,9 @@ from agentpost.marks import (
     resolve_conflict,
 )
 from agentpost.marks.core import REINFORCEMENT_CAP
-from marks_backends import ALIVE, BACKENDS, T0, SpaceFactory, factory_for
+from marks_backends import ALIVE, T0, SpaceFactory, backend_fixture, new_space_fixture  # noqa: F401 (fixtures)
 
 # --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
-@pytest.fixture
-def new_space(request: pytest.FixtureRequest, backend: str) -> Iterator[SpaceFactory]:
-    factory = factory_for(request, backend)
-    yield factory
-    factory.close_all()
 
 
 def for_all(max_examples: int = 40) -> settings:

@@ -13,7 +13,6 @@ timeline run as written too, against a space of each backend.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,20 +36,7 @@ from agentpost.marks import (
     minutes,
     validate_manifest_permissions,
 )
-from marks_backends import BACKENDS, T0, SpaceFactory, factory_for
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
-@pytest.fixture
-def new_space(request: pytest.FixtureRequest, backend: str) -> Iterator[SpaceFactory]:
-    factory = factory_for(request, backend)
-    yield factory
-    factory.close_all()
-
+from marks_backends import T0, SpaceFactory, backend_fixture, new_space_fixture  # noqa: F401 (fixtures)
 
 # Spec §12.1, "DSL Usage", verbatim but for `from markspace import` -> `from agentpost.marks
 # import`. Split where the spec's comments show what the first read returns.

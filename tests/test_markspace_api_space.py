@@ -36,7 +36,7 @@ from agentpost.marks.space import (
     ScopeError,
     ValidationError,
 )
-from marks_backends import BACKENDS, T0, factory_for, unique_space_name
+from marks_backends import T0, SpaceFactory, backend_fixture, new_space_fixture, unique_space_name  # noqa: F401 (fixtures)
 
 DECAY = DecayConfig(observation_half_life=60.0, warning_half_life=30.0, intent_ttl=100.0)
 OPS = Scope(name="ops", decay=DECAY, allowed_action_verbs=("did", "answered"),
@@ -49,12 +49,10 @@ BOB = Agent(name="bob", scopes={"ops": ALL, "calm": ALL})
 NEEDY = Agent(name="needy", scopes={"ops": ["need"]})
 
 
-@pytest.fixture(params=BACKENDS)
-def make(request: pytest.FixtureRequest):
+@pytest.fixture
+def make(new_space: SpaceFactory):
     """make(**options) -> a fresh space of the test's backend, with OPS and CALM, at T0."""
-    factory = factory_for(request, request.param)
-    yield lambda **options: factory([OPS, CALM], T0, **options)
-    factory.close_all()
+    return lambda **options: new_space([OPS, CALM], T0, **options)
 
 
 def at(space, t: float) -> None:
