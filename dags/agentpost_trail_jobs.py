@@ -2,8 +2,9 @@
 a SparkSubmitOperator; the `spark_default` connection says where Spark runs: the demo defines
 it as `local[*]`, docker/compose.yaml as its standalone master).
 
-- ``agentpost_trail_analytics``, daily: the analytics of the day before (its data interval)
-  into the analytics tables, which the agentpost page shows (Browse -> Agents -> analytics).
+- ``agentpost_trail_analytics``, daily at 00:00 UTC: the analytics of the day before (its
+  data interval, a whole day: Airflow 3 gives a plain cron schedule an empty one) into the
+  analytics tables, which the agentpost page shows (Browse -> Agents -> analytics).
 - ``agentpost_trail_audit``, nightly at 02:00: the whole trail audited against the newest
   signed checkpoint the maintenance DAG keeps (AGENTPOST_CHECKPOINT_DIR, as in
   agentpost_maintenance.py; before its first checkpoint, the log warns that the heads were
@@ -23,7 +24,7 @@ import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG, CronTriggerTimetable, Param
 
 from agentpost.operators import TrailJobOperator
 
@@ -42,7 +43,11 @@ COMMON = {"start_date": datetime(2026, 1, 1, tzinfo=UTC), "catchup": False,
           "params": PARAMS, "tags": ["agentpost", "spark"],
           "default_args": {"retries": 1, "retry_delay": timedelta(minutes=10)}}
 
-with DAG("agentpost_trail_analytics", schedule="@daily",
+#: midnight, over the day that just ended: a cron string alone would be a CronTriggerTimetable
+#: without an interval (Airflow 3's default), whose data interval starts where it ends
+DAILY = CronTriggerTimetable("0 0 * * *", timezone="UTC", interval=timedelta(days=1))
+
+with DAG("agentpost_trail_analytics", schedule=DAILY,
          description="agentpost: trail analytics of the day, with Spark", **COMMON):
     TrailJobOperator(task_id="analytics", job="analytics", window_start=START, window_end=END,
                      job_args=["--archive", ARCHIVE], execution_timeout=timedelta(hours=3))

@@ -6,15 +6,18 @@ test's store, the health endpoint reports every component, the command example i
 triggered and awaited over the REST API (its confirmation answered by the demo's person
 through the human highway), the event-driven example runs when the demo's envelope arrives
 in its inbox (the asset watcher in the real triggerer), the trail holds what they did, and
-`stop()` leaves no process, no listening port and no metadata database behind. Standalone
-runs this representative pair only: every scenario under standalone takes minutes on two
-shared cores; the headless test below runs them all.
+the trail's Spark DAGs (issue 14) run spark-submit in local mode over the trail those two
+left (``agentpost_trail_audit`` and ``agentpost_trail_analytics``, triggered over the REST
+API), and `stop()` leaves no process, no listening port and no metadata database behind.
+Standalone runs this representative set only: every scenario under standalone takes minutes
+on two shared cores; the headless test below runs them all.
 """
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -30,6 +33,7 @@ from agentpost.airflow_runtime import (
     port_open,
 )
 from agentpost.demo_scenarios import EVENT_DRIVEN, Outcome
+from agentpost.spark.audit import AuditReport
 from agentpost.store import CommandLedger, EnvelopeStore
 from agentpost.store.server import libpq_dsn
 from dbtools import query
@@ -38,6 +42,11 @@ ROOT = Path(__file__).resolve().parent.parent
 DAGS = ROOT / "dags"
 EXAMPLE = "agentpost_command_example"
 EVENT_EXAMPLE = "agentpost_event_driven_example"
+TRAIL_JOBS = "agentpost_trail_jobs"
+AUDIT = "agentpost_trail_audit"
+ANALYTICS = "agentpost_trail_analytics"
+#: a Spark job's run, spark-submit and JVM start included, on two busy cores
+SPARK_RUN_TIMEOUT = 600
 
 
 def listening_addresses(port: int) -> set[str]:
@@ -62,7 +71,7 @@ def test_standalone_runs_an_example_dag_and_stops_without_a_trace(dsn: str,
                                                                   tmp_path: Path) -> None:
     dags = tmp_path / "dags"
     dags.mkdir()
-    for name in (EXAMPLE, EVENT_EXAMPLE):
+    for name in (EXAMPLE, EVENT_EXAMPLE, TRAIL_JOBS):
         shutil.copy(DAGS / f"{name}.py", dags)
     apply_demo_fleet(dsn, DAGS)
     runtime = AirflowRuntime(dsn, dags_folder=dags, home=tmp_path / "home", drop_metadata=True)
@@ -113,6 +122,7 @@ def _run_the_example(runtime: AirflowRuntime, dsn: str) -> list[psutil.Process]:
         _event_driven(client, store)
         assert store.verify_trail().ok
         _the_agentpost_page(client, runtime, views["card.charge"].command_id)
+        _trail_jobs(client, runtime, dsn)
     return runtime.processes()
 
 
@@ -130,6 +140,76 @@ def _the_agentpost_page(client: AirflowClient, runtime: AirflowRuntime,
     command = client.page(f"/agentpost/commands/{command_id}")
     assert command.status_code == 200, command.text[:500]
     assert 'data-state="executed"' in command.text
+
+
+def _trail_jobs(client: AirflowClient, runtime: AirflowRuntime, dsn: str) -> None:
+    """Issue 14 under standalone: the Spark DAGs, triggered over the REST API and unpaused,
+    run spark-submit in local mode; the analytics' trigger asks for a window covering the
+    examples' trail. Each task succeeds; the audit finds the trail sound and its report, in
+    agentpost.audit_reports, is in the task's log as the UI serves it; the analytics records
+    its run for the window; each task's "Trail analytics" link is served and opens the
+    analytics page, which lists the report.
+
+    Each trigger takes its DAG's next scheduled slot (logical date and data interval), so
+    unpausing adds no scheduled run of the latest nightly or daily slot: two Spark jobs, not
+    four (each costs about a minute of CPU; four at once more than tripled this test). The
+    daily window of a scheduled run is tested in tests/test_spark_airflow.py."""
+    start, end, entries = query(dsn, "SELECT date_trunc('minute', min(at)), date_trunc("
+                                     "'minute', max(at)) + interval '1 minute', count(*) "
+                                     "FROM agentpost.trail")[0]
+    window = {"window_start": start.isoformat(), "window_end": end.isoformat()}
+    with pytest.raises(AirflowError, match=f"DAG {EXAMPLE} has no next scheduled run"):
+        client.trigger(EXAMPLE, slot=True)  # schedule=None: nothing started
+    assert len(client.runs(EXAMPLE)) == 1
+    triggered = {}
+    for dag_id, conf in ((AUDIT, {}), (ANALYTICS, window)):
+        client.wait_for_dag(dag_id)
+        triggered[dag_id] = client.trigger(dag_id, conf, slot=True)
+        client.unpause(dag_id)
+    for dag_id, run_id in triggered.items():
+        _await_success(client, runtime, dag_id, run_id)
+        assert [r["dag_run_id"] for r in client.runs(dag_id)] == [run_id]
+    assert query(dsn, "SELECT window_start, window_end, source_rows FROM "
+                      "agentpost.analytics_runs WHERE job = 'analytics'") == [
+        (start, end, entries)]
+    report = _reported_in_log(client, dsn, AUDIT, triggered[AUDIT])
+    assert report["ok"] is True, report
+    for dag_id, task_id in ((AUDIT, "audit"), (ANALYTICS, "analytics")):
+        _the_trail_analytics_link(client, runtime, dag_id, triggered[dag_id], task_id,
+                                  report["id"])
+
+
+def _await_success(client: AirflowClient, runtime: AirflowRuntime, dag_id: str,
+                   run_id: str) -> None:
+    state = client.wait_for_run(dag_id, run_id, timeout=SPARK_RUN_TIMEOUT)
+    tis = client.task_instances(dag_id, run_id)
+    assert state == "success" and [t["state"] for t in tis] == ["success"], (
+        dag_id, run_id, state,
+        [client.task_log(dag_id, run_id, t["task_id"], t["try_number"], lines=60)
+         for t in tis if t["try_number"]], runtime.log_tail())
+
+
+def _reported_in_log(client: AirflowClient, dsn: str, dag_id: str,
+                     run_id: str) -> dict[str, Any]:
+    """The audit report (its row) whose summary, every line of it, is in the run's task log
+    as the REST API serves it to the UI; there must be exactly one."""
+    [ti] = client.task_instances(dag_id, run_id)
+    log = set(client.task_log(dag_id, run_id, ti["task_id"], ti["try_number"],
+                              lines=None).splitlines())
+    rows = query(dsn, "SELECT id, ok, report FROM agentpost.audit_reports ORDER BY id")
+    shown = [{"id": i, "ok": ok} for i, ok, report in rows
+             if {ln.strip() for ln in AuditReport.model_validate(report).summary()
+                 .splitlines()} <= log]
+    assert len(shown) == 1, (shown, rows, sorted(log)[-60:])
+    return shown[0]
+
+
+def _the_trail_analytics_link(client: AirflowClient, runtime: AirflowRuntime, dag_id: str,
+                              run_id: str, task_id: str, audit_id: int) -> None:
+    links = client.extra_links(dag_id, run_id, task_id)
+    assert links == {"Trail analytics": f"{runtime.url}/agentpost/analytics"}, links
+    page = client.page(links["Trail analytics"].removeprefix(runtime.url))
+    assert page.status_code == 200 and f'data-audit="{audit_id}"' in page.text, page.text[:500]
 
 
 def _event_driven(client: AirflowClient, store: EnvelopeStore) -> None:

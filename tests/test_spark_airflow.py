@@ -47,6 +47,25 @@ def test_the_operator_submits_the_jobs_file_with_the_driver_jar_and_a_name() -> 
         TrailJobOperator(task_id="x", job="nosuchjob")
 
 
+def test_the_daily_analytics_covers_the_day_before() -> None:
+    """A scheduled analytics run's data interval (its default window) is the whole previous
+    day. A plain "@daily" gave Airflow 3's CronTriggerTimetable without an interval, whose
+    window starts where it ends: the job refused it, and every scheduled run failed."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.serialization.encoders import coerce_to_core_timetable
+    from airflow.timetables.base import TimeRestriction
+
+    dag = DagBag(dag_folder=str(ROOT / "dags" / "agentpost_trail_jobs.py")).dags[
+        "agentpost_trail_analytics"]
+    info = coerce_to_core_timetable(dag.timetable).next_dagrun_info(
+        last_automated_data_interval=None,
+        restriction=TimeRestriction(earliest=dag.start_date, latest=None, catchup=False))
+    assert info is not None
+    end = info.data_interval.end
+    assert (end.hour, end.minute, end.second) == (0, 0, 0) and end == info.run_after
+    assert info.data_interval.start == end - timedelta(days=1)
+
+
 @pytest.mark.slow
 def test_analytics_and_audit_dags_run_the_jobs_with_spark_submit(dsn: str,
                                                                  tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ agentpost store, then everything they started gone afterwards. `AirflowRuntime` 
   SIGTERM, then SIGKILL.
 
 `AirflowClient` is the small REST client over it: a token from the SimpleAuthManager password
-file through ``/auth/token``, then unpause, trigger, wait for a run, list task instances.
+file through ``/auth/token``, then unpause, trigger, wait for a run, list task instances, read
+a task's log and extra links.
 """
 
 from __future__ import annotations
@@ -212,12 +213,26 @@ class AirflowClient:
         self.request("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
 
     def trigger(self, dag_id: str, conf: dict[str, Any] | None = None,
-                run_id: str | None = None) -> str:
-        """Start a manual run now; its run id."""
+                run_id: str | None = None, *, slot: bool = False) -> str:
+        """Start a manual run now; its run id. With `slot`, the run takes the DAG's next
+        scheduled slot (`next_slot`), so the scheduler makes no run of its own for it."""
         body: dict[str, Any] = {"logical_date": None, "conf": conf or {}}
+        if slot:
+            body.update(self.next_slot(dag_id))
         if run_id is not None:
             body["dag_run_id"] = run_id
         return self.request("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"]
+
+    def next_slot(self, dag_id: str) -> dict[str, str]:
+        """The logical date and data interval of the DAG's next scheduled run. Unpausing a
+        DAG without catch-up starts the latest slot at once; a run triggered into it first
+        stands for it (the scheduler skips a slot that has a run)."""
+        dag = self.request("GET", f"/dags/{dag_id}")
+        if dag["next_dagrun_logical_date"] is None:
+            raise AirflowError(f"DAG {dag_id} has no next scheduled run")
+        return {"logical_date": dag["next_dagrun_logical_date"],
+                "data_interval_start": dag["next_dagrun_data_interval_start"],
+                "data_interval_end": dag["next_dagrun_data_interval_end"]}
 
     def run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         return self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
@@ -232,12 +247,18 @@ class AirflowClient:
                             params={"limit": 1000})["task_instances"]
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1,
-                 lines: int = 20) -> str:
-        """The last `lines` events of a task try's log, as text (to say why a task failed)."""
-        found = self.request("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
-                                    f"/logs/{try_number}", params={"full_content": "true"},
+                 lines: int | None = 20) -> str:
+        """The last `lines` events (None: all) of a task try's log as text, as the UI shows
+        it: to say why a task failed, or to find what a task reported."""
+        found = self.request("GET", f"{_task_path(dag_id, run_id, task_id)}/logs/{try_number}",
+                             params={"full_content": "true"},
                              headers={"Accept": "application/json"})["content"]
-        return "\n".join([_log_line(m) for m in found][-lines:])
+        events = [_log_line(m) for m in found]
+        return "\n".join(events if lines is None else events[-lines:])
+
+    def extra_links(self, dag_id: str, run_id: str, task_id: str) -> dict[str, str | None]:
+        """The task instance's extra links by name, as the UI gets them (None: no URL)."""
+        return self.request("GET", f"{_task_path(dag_id, run_id, task_id)}/links")["extra_links"]
 
     def wait_for_dag(self, dag_id: str, timeout: float = 180.0) -> dict[str, Any]:
         """The DAG once the dag-processor has parsed it."""
@@ -547,6 +568,10 @@ def _in_session(sid: int) -> Iterable[psutil.Process]:
                 yield proc
         except psutil.Error:
             continue
+
+
+def _task_path(dag_id: str, run_id: str, task_id: str) -> str:
+    return f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
 
 
 def _log_line(message: str | dict[str, Any]) -> str:
