@@ -270,6 +270,12 @@ def _check_branch(branch: dict[str, Any], index: str, threshold: float, what: st
         assert ran > 0, f"{what}: strength-0 rows not probed for supersession at 0"
 
 
+def _nested_probes(plans: list[dict[str, Any]]) -> int:
+    """How often mark_read_at's probe for nested marks (one marks_tree lookup) ran."""
+    return sum(n.get("Actual Loops", 0) for query, n, _ in _marks_scans(plans)
+               if query.startswith("p_nested AND EXISTS"))
+
+
 def _check_fetched(branches: list[dict[str, Any]], returned: int, live: int, threshold: float,
                    what: str) -> None:
     """Above 0 the walks fetch what the read returns, give or take the live marks it drops
@@ -320,7 +326,7 @@ def _expect(result: list[Any], live: dict[str, UUID], nested: bool, kind: str | 
 
 def _exercise(big: dict[str, Any], label: str) -> None:
     """Every read path of the space, each at the default threshold and at 0, on a session
-    that logs their plans."""
+    that logs their plans. read_exact and the guard never probe for nested marks."""
     with _space(big) as space:
         _exercise_on(space, big["live"], label)
 
@@ -337,6 +343,7 @@ def _exercise_on(space: PostgresMarkSpace, live: dict[str, UUID], label: str) ->
                 _check_reads(p, what, walks)
                 branches = _branches(p)
                 assert len(branches) == (2 if nested else 1), what
+                assert _nested_probes(p) == (1 if nested else 0), what
                 for part, branch in zip((False, True), branches, strict=False):
                     _check_branch(branch, MAIN[(part, kind)], threshold, what)
                 _check_fetched(branches, len(result), len(live), threshold, what)
@@ -347,7 +354,7 @@ def _exercise_on(space: PostgresMarkSpace, live: dict[str, UUID], label: str) ->
         assert all(m.scope == "desk" for m in read + claims), what
         _check_reads(p, what, {"marks_resource"})
         branches = _branches(p)
-        assert len(branches) == 1, what
+        assert len(branches) == 1 and _nested_probes(p) == 0, what
         _check_branch(branches[0], "marks_resource", threshold, what)
         _check_fetched(branches, len(read), len(live), threshold, what)
 
