@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg2
@@ -31,3 +34,59 @@ def query(dsn: str, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
         return rows(conn, sql, params)
     finally:
         conn.close()
+
+
+# --------------------------------------------------------------------------- plans
+
+
+class Plans:
+    """auto_explain on one pooled session (`cursor` opens a cursor on it: give the store a
+    pool of one): the JSON plan of every statement the store's calls execute, nested ones
+    included, as the store issues them (generic plans, real parameters). With `analyze`,
+    each node also says how often it ran and how many rows it gave (no timing)."""
+
+    def __init__(self, cursor: Callable[[], AbstractContextManager[Any]],
+                 analyze: bool = False) -> None:
+        self.notices: list[str] = []
+        with cursor() as cur:
+            cur.connection.notices = self.notices
+            cur.execute("LOAD 'auto_explain'")
+            cur.execute("SET auto_explain.log_min_duration = 0;"
+                        " SET auto_explain.log_nested_statements = on;"
+                        " SET auto_explain.log_format = 'json';"
+                        " SET auto_explain.log_level = 'notice';"
+                        " SET auto_explain.log_timing = off;"
+                        f" SET auto_explain.log_analyze = {'on' if analyze else 'off'}")
+
+    def of(self, call: Callable[[], Any]) -> tuple[Any, list[dict[str, Any]]]:
+        """What `call` returned, and the plans of the statements it executed."""
+        self.notices.clear()
+        result = call()
+        plans = []
+        for notice in self.notices:
+            text = notice.split("plan:", 1)[1] if "plan:" in notice else ""
+            if text.strip():
+                plans.append(json.loads(text))
+        return result, plans
+
+
+def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """A plan node and all nodes under it, subplans included, depth first."""
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from plan_nodes(child)
+
+
+def table_reads(plans: list[dict[str, Any]], table: str) -> list[tuple[str, str, str, str]]:
+    """(statement, node type, index, condition) for every read of agentpost.`table`: its
+    sequential scans and its scans of an index named after it."""
+    found = []
+    for entry in plans:
+        query = " ".join(entry["Query Text"].split())[:160]
+        for node in plan_nodes(entry["Plan"]):
+            index = node.get("Index Name", "")
+            if node.get("Relation Name") == table and node["Node Type"] == "Seq Scan":
+                found.append((query, "Seq Scan", "", ""))
+            elif index.startswith(table):
+                found.append((query, node["Node Type"], index, node.get("Index Cond", "")))
+    return found

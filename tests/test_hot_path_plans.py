@@ -20,16 +20,15 @@ ack reads and writes its envelopes by primary key only.
 
 from __future__ import annotations
 
-import json
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from agentpost.store import EnvelopeStore
-from dbtools import connect, rows
+from dbtools import Plans, connect, plan_nodes, rows, table_reads
 
 HISTORY = 1_000_000
 BACKLOG = 1_000_000  # waiting, unleased, in one other inbox
@@ -78,56 +77,9 @@ SELECT %(prefix)s || g, nextval('agentpost.envelope_seq'), %(sender)s, %(inbox)s
 """
 
 
-class Plans:
-    """auto_explain on the store's one pooled session: the JSON plan of every statement the
-    store's calls execute, nested ones included."""
-
-    def __init__(self, store: EnvelopeStore) -> None:
-        self.store = store
-        self.notices: list[str] = []
-        with store.db.cursor() as cur:
-            cur.connection.notices = self.notices
-            cur.execute("LOAD 'auto_explain'")
-            cur.execute("SET auto_explain.log_min_duration = 0;"
-                        " SET auto_explain.log_nested_statements = on;"
-                        " SET auto_explain.log_format = 'json';"
-                        " SET auto_explain.log_level = 'notice'")
-
-    def of(self, call: Callable[[], Any]) -> tuple[Any, list[dict[str, Any]]]:
-        """What `call` returned, and the plans of the statements it executed."""
-        self.notices.clear()
-        result = call()
-        plans = []
-        for notice in self.notices:
-            text = notice.split("plan:", 1)[1] if "plan:" in notice else ""
-            if text.strip():
-                plans.append(json.loads(text))
-        return result, plans
-
-
-def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
-    for child in plan.get("Plans", ()):
-        yield from _nodes(child)
-
-
-def envelope_reads(plans: list[dict[str, Any]]) -> list[tuple[str, str, str, str]]:
-    """(statement, node type, index, condition) for every read of agentpost.envelopes."""
-    found = []
-    for entry in plans:
-        query = " ".join(entry["Query Text"].split())[:160]
-        for node in _nodes(entry["Plan"]):
-            index = node.get("Index Name", "")
-            if node.get("Relation Name") == "envelopes" and node["Node Type"] == "Seq Scan":
-                found.append((query, "Seq Scan", "", ""))
-            elif index.startswith("envelopes"):
-                found.append((query, node["Node Type"], index, node.get("Index Cond", "")))
-    return found
-
-
 def assert_hot(plans: list[dict[str, Any]], what: str) -> list[tuple[str, str, str, str]]:
     """Every read of envelopes goes through the primary key or a hot partial index."""
-    reads = envelope_reads(plans)
+    reads = table_reads(plans, "envelopes")
     assert reads, f"{what}: no read of envelopes was explained"
     bad = [r for r in reads if r[2] not in ALLOWED]
     assert not bad, f"{what} reads envelopes outside the hot indexes: {bad}"
@@ -191,7 +143,7 @@ def _exercise(big: dict[str, Any], label: str) -> None:
         store.transition(ws["late"], "suspended")
         store.send_many([{"from": lead, "to": ws["late"], "type": "directive",
                           "content": f"l{i}"} for i in range(30)])
-        plans = Plans(store)
+        plans = Plans(store.db.cursor)
 
         count, p = plans.of(lambda: store.leasable(ws["hot"]))
         assert count == 170
@@ -203,11 +155,11 @@ def _exercise(big: dict[str, Any], label: str) -> None:
         assert [lease.envelope.id for lease in leases] == urgent + normal[:80]
         assert_hot(p, f"{label}: lease")
         claim = _statement(p, r"LIMIT p_max\s+FOR UPDATE SKIP LOCKED")
-        scans = [n for n in _nodes(claim["Plan"]) if n.get("Index Name")]
+        scans = [n for n in plan_nodes(claim["Plan"]) if n.get("Index Name")]
         assert [(n["Node Type"], n["Index Name"]) for n in scans] == [
             ("Index Scan", "envelopes_ready")], scans
         assert "recipient" in scans[0]["Index Cond"]
-        assert any(n["Node Type"] == "Limit" for n in _nodes(claim["Plan"]))
+        assert any(n["Node Type"] == "Limit" for n in plan_nodes(claim["Plan"]))
 
         acked, p = plans.of(lambda: store.ack_many([lease.token for lease in leases]))
         assert acked == 100
