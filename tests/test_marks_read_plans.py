@@ -42,7 +42,7 @@ from agentpost.marks.core import (
     Scope,
     Warning,
 )
-from agentpost.marks.guard import ACTIVE
+from agentpost.marks.guard import ACTIVE, Guard, GuardVerdict
 from agentpost.marks.postgres import PostgresMarkSpace
 from dbtools import Plans, connect, plan_nodes, rows
 from marks_backends import T0, unique_space_name
@@ -381,6 +381,72 @@ def _check_history(space: PostgresMarkSpace, conn: Any, name: str) -> None:
         assert strength == (1.0 if kind in ("action", "need") and
                             getattr(mark, "resolved_by", None) is None else 0.0), mark
     assert len(space) > HISTORY
+
+
+@pytest.mark.slow
+def test_p14_a_boundary_fetches_its_intents_by_id_as_history_grows(big: dict[str, Any]):
+    """Markspace §6.2.1 / P14 on Postgres: `resolve_deferred` on the big space (statistics
+    taken while it was small: this test runs before the reads test analyses it) touches
+    marks only by the board's index walk (marks_resource), the per-mark probes, the
+    nested-scope probe and primary-key fetches of its own intents: no sequential scan, no
+    hash or merge join over marks."""
+    with _space(big) as space:
+        _check_boundary(space, "s01")
+
+
+def test_p14_a_boundary_on_a_small_store_plans_no_join_over_marks(dsn: str):
+    """The boundary's record on a store of a few hundred marks, analysed: where a join over
+    marks is cheapest, so a plan made then (a session caches its plans) would scan every mark
+    once the store had grown. (The board's reads may walk a small space's index whole: they
+    are planned again when the store's statistics change.) Before sql/0070 the INSERT of
+    the verdicts joined marks: a fresh store planned it as a hash join over a sequential
+    scan, which bench marks measured at 170 ms per boundary at 1,000,000 marks."""
+    scopes = [Scope(name="s01", decay=DECAY)]
+    name = unique_space_name()
+    clock = Clock(T0)
+    with PostgresMarkSpace(dsn=dsn, scopes=scopes, clock=clock, space=name,
+                           pool_size=1) as space:
+        w = Agent(name="filler", scopes={"s01": ALL})
+        space.write_many(w, [Observation(scope="s01", topic=f"t{i}", content=i)
+                             for i in range(300)])
+        conn = connect(dsn)
+        try:
+            rows(conn, "ANALYZE agentpost.marks")
+        finally:
+            conn.close()
+        _check_boundary(space, "s01", reads=False)
+
+
+def _check_boundary(space: PostgresMarkSpace, scope: str, *, reads: bool = True) -> None:
+    """A boundary on (scope, "contested") with four intents: the statements recording its
+    verdicts (mark_record_boundary) read marks by primary key only, with no join over
+    marks; with `reads`, the board's reads are index reads too."""
+    bidders = [Agent(name=f"bidder-{i}", scopes={scope: ALL}) for i in range(4)]
+    for i, agent in enumerate(bidders):
+        space.write(agent, Intent(scope=scope, resource="contested", action="book",
+                                  confidence=(i + 1) / 10))
+    plans = Plans(space._cursor, analyze=True)
+    decisions, p = plans.of(lambda: Guard(space).resolve_deferred(scope, "contested"))
+    verdicts = [d.verdict for d in decisions.values()]
+    assert verdicts.count(GuardVerdict.ALLOW) == 1, verdicts
+    assert verdicts.count(GuardVerdict.BLOCKED) == 3, verdicts
+    record = [e for e in p if "json_to_recordset" in e["Query Text"]]
+    assert record, "the boundary's record was not explained"
+    by_key = [(n["Node Type"], n.get("Index Name", "")) for _, n, _ in _marks_scans(record)
+              if n.get("Index Name") != "marks_pkey"]
+    assert not by_key, f"the boundary's record reads marks other than by id: {by_key}"
+    joins = [n["Node Type"] for entry in record for n in plan_nodes(entry["Plan"])
+             if n["Node Type"] in ("Hash Join", "Merge Join")
+             and any(c.get("Relation Name") == "marks" for c in plan_nodes(n))]
+    assert not joins, f"the boundary joins marks wholesale: {joins}"
+    if reads:
+        bad = [(q[:100], n["Node Type"], n.get("Index Name", ""), n.get("Index Cond", ""))
+               for q, n, _ in _marks_scans(p)
+               if n["Node Type"] != "Bitmap Heap Scan"
+               and n.get("Index Name") not in {"marks_pkey", "marks_resource", *PROBES}
+               and not (q.startswith("p_nested AND EXISTS")
+                        and n.get("Index Name") == "marks_tree")]
+        assert not bad, f"the boundary reads marks outside its indexes: {bad}"
 
 
 @pytest.mark.slow
