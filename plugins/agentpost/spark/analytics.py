@@ -27,7 +27,7 @@ from agentpost.marks.guard import SYSTEM_AGENT_ID
 from agentpost.protocol.errors import AgentpostError, ConfigurationError, InvalidInput
 from agentpost.spark import jobargs
 from agentpost.spark.results import TableRows, Window, replace_window, rows_of
-from agentpost.spark.session import sized_shuffles
+from agentpost.spark.session import literal_rows, sized_shuffles
 from agentpost.spark.settings import SparkSettings
 from agentpost.spark.source import Snapshot
 from agentpost.store.queries import load_queries
@@ -472,7 +472,7 @@ def _envelope_verdicts(src: _Sources, events: DataFrame, rule: EnvelopeRule) -> 
 
 
 def _kinds(src: _Sources) -> DataFrame:
-    return src.snap.spark.createDataFrame([(k,) for k in ENVELOPE_KINDS], "kind string")
+    return literal_rows(src.snap.spark, [(k,) for k in ENVELOPE_KINDS], {"kind": "string"})
 
 
 def _rate_findings(stats: DataFrame) -> DataFrame:

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentpost.protocol.anchor import Checkpoint, load, mismatches
 from agentpost.protocol.errors import AgentpostError, InvalidInput
 from agentpost.spark.jobargs import add_common, settings_from
-from agentpost.spark.session import sized_shuffles
+from agentpost.spark.session import literal_rows, sized_shuffles
 from agentpost.spark.settings import SparkSettings
 from agentpost.spark.source import Snapshot
 from agentpost.store.db import one_line, translate
@@ -202,7 +202,7 @@ def _anchors(spark: SparkSession, trail: DataFrame, checkpoints: list[Checkpoint
     wanted = sorted({(h.chain, h.seq) for cp in checkpoints for h in cp.heads})
     if not wanted:
         return CheckResult(checked=0, failed=0)
-    anchored = spark.createDataFrame(wanted, "chain string, seq bigint")
+    anchored = literal_rows(spark, wanted, {"chain": "string", "seq": "bigint"})
     found = {(r["chain"], r["seq"]): (None if r["hash"] is None else bytes(r["hash"]),
                                       r["head"])
              for r in anchored_entries(trail, anchored).collect()}

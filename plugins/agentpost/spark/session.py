@@ -8,14 +8,15 @@ is `master` (default `local[*]`).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from agentpost.spark.settings import SparkSettings
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark import SparkConf
+    from pyspark.sql import DataFrame, SparkSession
 
 
 _SHUFFLE = "spark.sql.shuffle.partitions"
@@ -49,6 +50,14 @@ def sized_shuffles(spark: SparkSession, rows: int, settings: SparkSettings) -> I
             spark.conf.set(name, value)
 
 
+def _app_name(conf: SparkConf, default: str) -> str:
+    """spark-submit's `--name` (TrailJobOperator's `agentpost-trail-<job>`, which the
+    master's UI lists), else `default`: without `--name` spark-submit names the application
+    after its file (`run_audit.py`)."""
+    given = conf.get("spark.app.name")
+    return given if given and not given.endswith(".py") else default
+
+
 def spark_session(app_name: str, settings: SparkSettings, *, master: str | None = None,
                   driver_memory: str | None = None) -> SparkSession:
     """A session for `app_name` that can read the store over JDBC. `driver_memory` (e.g.
@@ -67,7 +76,7 @@ def spark_session(app_name: str, settings: SparkSettings, *, master: str | None 
         # the class path at launch, not added later)
         conf = SparkConf(loadDefaults=False)
     jars = [j for j in (conf.get("spark.jars") or "").split(",") if j]
-    builder = SparkSession.builder.appName(app_name)
+    builder = SparkSession.builder.appName(_app_name(conf, app_name))
     if not conf.contains("spark.master"):
         builder = builder.master(master or "local[*]")
     if driver_memory and not os.environ.get("PYSPARK_GATEWAY_PORT"):
@@ -83,3 +92,19 @@ def spark_session(app_name: str, settings: SparkSettings, *, master: str | None 
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def literal_rows(spark: SparkSession, rows: Sequence[Sequence[object]],
+                 columns: Mapping[str, str]) -> DataFrame:
+    """A small table of the driver's values (`columns`: name -> Spark SQL type), built from
+    literals in the plan. `createDataFrame` of a Python list goes through a Python RDD, so
+    every executor would start a Python worker; the jobs' executors need no Python."""
+    from pyspark.sql import functions as F
+
+    typed = list(columns.items())
+    if not rows:
+        return spark.range(0).select(*[F.lit(None).cast(t).alias(n) for n, t in typed])
+    structs = [F.struct(*[F.lit(value).cast(t).alias(n) for value, (n, t) in zip(row, typed,
+                                                                                strict=True)])
+               for row in rows]
+    return spark.range(1).select(F.inline(F.array(*structs)))
