@@ -7,9 +7,10 @@ and at the end stops both (SIGTERM to each group, SIGKILL after a timeout) and a
 no process of theirs (executors included) and no port they listened on is left.
 
 The audit then runs on the cluster as TrailJobOperator submits it (client deploy mode; the
-store and the key in spark-submit's environment, the JDBC jar by `--jars`): once with the
-real spark-submit, once through TrailJobOperator itself under `dag.test()` with a
-`spark_default` connection naming the master. The tasks run in executor JVMs that the worker
+store and the key in spark-submit's environment, the JDBC jar by `--jars`), with the real
+spark-submit. (Through TrailJobOperator under `dag.test()` with a `spark_default` naming the
+master it also ran, but cost two more minutes of CI: the operator's command line is tested
+in tests/test_spark_airflow.py.) The tasks run in executor JVMs that the worker
 starts: they fetch the JDBC jar from the driver and read the store in the driver's exported
 snapshot. Each test asserts exit 0 (task success), an ok row in agentpost.audit_reports
 covering every entry, the application FINISHED in the master's list by its name, and its
@@ -19,9 +20,7 @@ executor's log in the worker's work directory with the tasks it ran.
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -43,8 +42,6 @@ from agentpost.spark.apps import application
 from agentpost.spark.settings import DEFAULT_JDBC_JAR
 from agentpost.store import EnvelopeStore
 from dbtools import query
-from test_airflow_examples import RUNNER
-from test_airflow_inbox import airflow_env
 
 pytestmark = pytest.mark.slow
 
@@ -303,34 +300,5 @@ def test_spark_submit_runs_the_audit_on_the_cluster(cluster: Cluster, dsn: str,
     run = _run_group(command, env, tmp_path)
     assert run.returncode == 0, run.stderr[-5000:]
     assert "entry_signature" in run.stdout and "OK" in run.stdout, run.stdout[-3000:]
-    _assert_audited_ok(dsn, entries)
-    _assert_ran_on_the_cluster(cluster, before)
-
-
-def test_the_audit_dag_runs_on_the_cluster(cluster: Cluster, dsn: str, tmp_path: Path) -> None:
-    """dags/agentpost_trail_jobs.py's audit under `dag.test()`: TrailJobOperator submits
-    to the master of the `spark_default` connection (host `spark://127.0.0.1`, its port),
-    as docker/compose.yaml's connection does; the task succeeds and the job ran there."""
-    entries = _trail(dsn, tmp_path / "checkpoints")
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    shutil.copy(ROOT / "dags" / "agentpost_trail_jobs.py", dags)
-    (tmp_path / "runner.py").write_text(RUNNER)
-    env = {**airflow_env(tmp_path, dsn), **LOOPBACK}
-    env.update({"AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(
-                    {"conn_type": "spark", "host": "spark://127.0.0.1",
-                     "port": cluster.ports["master"]}),
-                "AGENTPOST_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
-                "AGENTPOST_TRAIL_ARCHIVE": str(tmp_path / "archive")})
-    before = _apps(cluster)
-    runs = [{"name": "audit", "dag_id": "agentpost_trail_audit"}]
-    proc = _run_group([sys.executable, str(tmp_path / "runner.py"), str(dags),
-                       json.dumps(runs)], env, tmp_path)
-    output = proc.stdout + proc.stderr
-    found = [ln for ln in proc.stdout.splitlines() if ln.startswith("AGENTPOST-RESULT ")]
-    assert proc.returncode == 0 and found, output[-8000:]
-    results = json.loads(found[-1].removeprefix("AGENTPOST-RESULT "))
-    assert results["audit"]["tasks"] == {"audit": "success"}, output[-8000:]
-    assert f"--master {cluster.master}" in output, output[-8000:]
     _assert_audited_ok(dsn, entries)
     _assert_ran_on_the_cluster(cluster, before)
