@@ -7,7 +7,8 @@ triggered and awaited over the REST API (its confirmation answered by the demo's
 through the human highway), the event-driven example runs when the demo's envelope arrives
 in its inbox (the asset watcher in the real triggerer), the trail holds what they did, and
 the trail's nightly audit DAG (issue 14, ``agentpost_trail_audit``, triggered over the
-REST API) runs spark-submit in local mode over the trail those two left, and `stop()` leaves no process, no listening port and no metadata database behind.
+REST API) runs spark-submit in local mode over the trail those two left, and `stop()`
+leaves no process, no listening port and no metadata database behind.
 Standalone runs this representative set only: every scenario under standalone takes minutes
 on two shared cores; the headless test below runs them all.
 """
