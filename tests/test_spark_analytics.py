@@ -13,14 +13,11 @@ own online envelope. Three job runs in all (main window, past window, main windo
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
+import contextlib
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -47,7 +44,6 @@ from agentpost.spark.settings import SparkSettings
 from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
 
-REPO = Path(__file__).resolve().parents[1]
 ALL = ["intent", "action", "observation", "warning", "need"]
 ALICE = Agent(name="alice", scopes={"lot": ALL, "ops": ALL})
 BOB = Agent(name="bob", scopes={"lot": ALL, "ops": ALL})
@@ -231,26 +227,16 @@ class Submitted:
 
 
 @pytest.fixture(scope="module")
-def past(seeded: Seeded) -> Submitted:
-    """The job over PAST (the envelope's history) as a deployment runs it: the real
-    spark-submit with apps/run_analytics.py (local[2], the JDBC jar given), after the main
-    window's run; the process group is killed if it outlives the timeout."""
-    app = REPO / "plugins" / "agentpost" / "spark" / "apps" / "run_analytics.py"
+def past(seeded: Seeded, narrow: Any) -> Submitted:
+    """The job over PAST (the envelope's history) through the entry point spark-submit runs
+    (apps/run_analytics.py calls `main`), after the main window's run, in this worker's
+    session: a JVM start fewer. spark-submit itself runs this app in
+    tests/test_spark_airflow.py, where TrailJobOperator submits it."""
     window = ["--start", PAST.start.isoformat(), "--end", PAST.end.isoformat()]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "AGENTPOST_DSN": seeded.dsn}
-    confs = [x for k, v in TINY.items() for x in ("--conf", f"{k}={v}")]
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
-         "--jars", "/usr/share/java/postgresql.jar", *confs, str(app), *window],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return Submitted(proc.returncode, out, err)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["--dsn", seeded.dsn, "--master", "local[2]", *window])
+    return Submitted(code, out.getvalue(), err.getvalue())
 
 
 def _table(s: Seeded, table: str, window: Window | None = None) -> set[tuple]:
@@ -495,9 +481,9 @@ def test_no_dsn_exits_2(seeded: Seeded, monkeypatch: Any, capsys: Any) -> None:
     assert _runs(seeded.dsn) == before
 
 
-def test_spark_submit_runs_the_app(seeded: Seeded, past: Submitted) -> None:
-    """apps/run_analytics.py under spark-submit: exit 0, the summary printed, the window's
-    rows and its run row written."""
+def test_the_app_entry_point_runs_the_job(seeded: Seeded, past: Submitted) -> None:
+    """apps/run_analytics.py's `main`: exit 0, the summary printed, the window's rows and
+    its run row written (under spark-submit: tests/test_spark_airflow.py)."""
     assert past.returncode == 0, past.err[-2000:]
     assert "analytics_agent_activity 3" in past.out and "source_rows 0" in past.out
     assert _rows(seeded.dsn, "SELECT count(*) FROM agentpost.analytics_runs WHERE job = %s AND "

@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -440,61 +437,11 @@ def test_wacp_3_integrity_a_chain_cut_back_fails_the_checkpoint(
     assert report.checks["checkpoint_anchors"].checked == len(seeded.checkpoint.heads)
 
 
-# -- the job: spark-submit, exit codes, the report --------------------------------------------
-
-def _spark_submit(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """apps/run_audit.py under the real spark-submit; the process group is killed if it
-    outlives `timeout`, so no JVM is left behind."""
-    submit = Path(sys.executable).parent / "spark-submit"
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON":
-           sys.executable, "AGENTPOST_TRAIL_KEY": KEY}
-    env.pop("AGENTPOST_DSN", None)
-    command = [str(submit), "--master", "local[2]", "--jars", JAR,
-               "--conf", "spark.ui.enabled=false",
-               str(REPO / "plugins/agentpost/spark/apps/run_audit.py"), *args]
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"spark-submit did not finish within {timeout} s")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return subprocess.CompletedProcess(command, proc.returncode, out, err)
-
+# -- the job's entry point: exit codes, the report --------------------------------------------
 
 def _reports(dsn: str) -> list[tuple]:
     return _sql(dsn, "SELECT ok, entries, failed, report FROM agentpost.audit_reports"
                      " ORDER BY id")
-
-
-def test_spark_submit_exits_0_on_a_clean_trail(
-        seeded: Seed, copy_dsn: str, tmp_path: Path) -> None:
-    """The job as Airflow submits it: exit 0 and an ok report (file, stdout and an
-    audit_reports row) on a clean trail, checked against the newest checkpoint of the
-    directory. (Exit 1 on a tampered trail, and the Airflow task failing with it, runs
-    through spark-submit under dag.test() in tests/test_spark_airflow.py: one JVM start
-    fewer in the suite.)"""
-    checkpoints = tmp_path / "checkpoints"
-    checkpoints.mkdir()
-    (checkpoints / "checkpoint-20000101T000000.000000Z.json").write_text("not read")
-    (checkpoints / "checkpoint-20990101T000000.000000Z.json").write_text(
-        seeded.checkpoint.to_json())
-    report = tmp_path / "report.json"
-    args = ["--dsn", copy_dsn, "--checkpoint-dir", str(checkpoints), "--report", str(report)]
-    run = _spark_submit(args)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "entry_signature" in run.stdout and "OK" in run.stdout
-    saved = json.loads(report.read_text())
-    assert saved["ok"] is True and saved["entries"] == seeded.entries
-    assert saved["checks"]["checkpoint_anchors"]["checked"] == len(seeded.checkpoint.heads)
-    assert [(ok, n, failed) for ok, n, failed, _ in _reports(copy_dsn)] == [
-        (True, seeded.entries, 0)]
-
 
 
 def _forged(seed: Seed, path: Path) -> Path:

@@ -20,6 +20,7 @@ executor's log in the worker's work directory with the tasks it ran.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import signal
 import subprocess
@@ -240,15 +241,24 @@ def _trail(dsn: str, checkpoints: Path) -> int:
     with EnvelopeStore(dsn) as store:
         checkpoint = store.checkpoint()
     checkpoints.mkdir()
+    # the audit takes the newest checkpoint of the directory by its name: an older file is
+    # never read, even one that is not a checkpoint
+    (checkpoints / "checkpoint-20000101T000000.000000Z.json").write_text("not read")
     (checkpoints / "checkpoint-20261102T000000.000000Z.json").write_text(checkpoint.to_json())
     return query(dsn, "SELECT count(*) FROM agentpost.trail")[0][0]
 
 
-def _assert_audited_ok(dsn: str, entries: int) -> None:
+def _assert_audited_ok(dsn: str, entries: int, report: Path) -> None:
+    """One ok audit_reports row over every entry, every chain head anchored, and the same
+    report in the `--report` file."""
     rows = query(dsn, "SELECT ok, entries, failed, report FROM agentpost.audit_reports")
     assert [(ok, n, failed) for ok, n, failed, _ in rows] == [(True, entries, 0)], rows
     anchors = rows[0][3]["checks"]["checkpoint_anchors"]
-    assert anchors["checked"] > 0 and anchors["failed"] == 0
+    heads = query(dsn, "SELECT count(DISTINCT chain) FROM agentpost.trail")[0][0]
+    assert (anchors["checked"], anchors["failed"]) == (heads, 0), anchors
+    saved = json.loads(report.read_text())
+    assert saved["ok"] is True and saved["entries"] == entries
+    assert saved["checks"] == rows[0][3]["checks"]
 
 
 def _apps(cluster: Cluster) -> set[str]:
@@ -287,18 +297,22 @@ def test_spark_submit_runs_the_audit_on_the_cluster(cluster: Cluster, dsn: str,
                                                     tmp_path: Path) -> None:
     """The audit's file, arguments and environment as in local mode, only `--master` names
     the standalone master (and the executors get no Python): exit 0, every check passes
-    against the checkpoint, and the work ran in the worker's executor."""
+    against the newest checkpoint of the directory, the report is in the file and the
+    table, and the work ran in the worker's executor. (The suite's one spark-submit of the
+    audit on a clean trail; a tampered one fails its task under dag.test() in
+    tests/test_spark_airflow.py.)"""
     entries = _trail(dsn, tmp_path / "checkpoints")
     before = _apps(cluster)
     command = [str(BIN / "spark-submit"), "--master", cluster.master, "--deploy-mode",
                "client", "--name", APP, "--jars", DEFAULT_JDBC_JAR,
                "--executor-memory", "1g", "--total-executor-cores", "2",
-               application("audit"), "--checkpoint-dir", str(tmp_path / "checkpoints")]
+               application("audit"), "--checkpoint-dir", str(tmp_path / "checkpoints"),
+               "--report", str(tmp_path / "report.json")]
     # executors need no Python (docs/spark.md, "Scale-out"): the one they would start is
     # not there; the driver runs on PYSPARK_DRIVER_PYTHON
     env = {**_job_env(dsn), "PYSPARK_PYTHON": str(tmp_path / "no-python-on-executors")}
     run = _run_group(command, env, tmp_path)
     assert run.returncode == 0, run.stderr[-5000:]
     assert "entry_signature" in run.stdout and "OK" in run.stdout, run.stdout[-3000:]
-    _assert_audited_ok(dsn, entries)
+    _assert_audited_ok(dsn, entries, tmp_path / "report.json")
     _assert_ran_on_the_cluster(cluster, before)
