@@ -7,8 +7,12 @@ The watcher's claims are made as InboxEventTrigger makes them, through `ClaimSes
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +23,7 @@ from agentpost.store.event_claims import ClaimSession, drop_event_watchers
 from agentpost.store.event_handled import prune_event_handled, take_arrivals
 from agentpost.store.maintenance import maintain
 from dbtools import query
+from test_airflow_inbox import airflow_env
 from test_leases import send, topology
 
 WATCHER = "asset:inbox-w1"
@@ -181,3 +186,72 @@ def test_bad_input_is_refused_and_takes_nothing(store: EnvelopeStore, session: C
     assert marks(dsn) == []
     assert query(dsn, "SELECT count(*) FROM agentpost.event_consumers") == [(0,)]
     assert take(store, "r1", [e1]) == [e1, e2]
+
+
+# -- a reactive DAG under dag.test() ---------------------------------------------------------------
+
+REACTIVE_DAG = '''
+"""Written by tests/test_event_handled.py: a reactive Airflow DAG on inbox w1, without a
+handler (its task returns the arrivals it handled)."""
+from agentpost.factories.reactive import reactive_agent_dag
+
+dag = reactive_agent_dag("reactive_w1", "w1")
+'''
+
+RUNNER = '''
+"""Written by tests/test_event_handled.py: dag.test() the reactive DAG once per conf given,
+printing what each run's task returned."""
+import json
+import sys
+
+from airflow.dag_processing.dagbag import DagBag
+from airflow.models.xcom import XComModel
+from airflow.utils.db import initdb
+from airflow.utils.session import create_session
+
+initdb()
+bag = DagBag(dag_folder=sys.argv[1])
+assert not bag.import_errors, bag.import_errors
+for conf in json.loads(sys.argv[2]):
+    run = bag.get_dag("reactive_w1").test(run_conf=conf)
+    with create_session() as session:
+        found = session.query(XComModel).filter_by(dag_id=run.dag_id, run_id=run.run_id,
+                                                   task_id="handle_arrivals",
+                                                   key="return_value").one_or_none()
+        handled = None if found is None else XComModel.deserialize_value(found)
+    print("AGENTPOST-RUN " + json.dumps({"state": str(run.state), "handled": handled}),
+          flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_a_reactive_run_handles_its_arrival_and_the_stranded_one_once(
+        store: EnvelopeStore, dsn: str, tmp_path: Path) -> None:
+    """With E1 and E2 claimed by the DAG's watcher, a run for [E1] handles E1 and E2 (E2's
+    asset event stranded by the scheduler); the run for [E2] that follows handles nothing.
+    dag.test() in a private Airflow, the store through the agentpost_default connection."""
+    topology(store, ["w1"])
+    session = ClaimSession(dsn, "asset:agentpost-inbox-w1", "w1")
+    try:
+        assert session.claim()[0] == []
+        e1, e2 = arrive(store, session, 2)
+    finally:
+        session.close()
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "reactive_w1.py").write_text(REACTIVE_DAG)
+    (tmp_path / "runner.py").write_text(RUNNER)
+    confs = [{"arrivals": [{"envelope_id": e1}]}, {"arrivals": [{"envelope_id": e2}]}]
+    proc = subprocess.run([sys.executable, str(tmp_path / "runner.py"), str(dags),
+                           json.dumps(confs)], env=airflow_env(tmp_path, dsn), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600, check=False)
+    output = proc.stdout + proc.stderr
+    runs = [json.loads(line.removeprefix("AGENTPOST-RUN "))
+            for line in proc.stdout.splitlines() if line.startswith("AGENTPOST-RUN ")]
+    assert proc.returncode == 0 and len(runs) == 2, output[-6000:]
+    first, second = runs
+    assert first["state"] == "success" and second["state"] == "success", output[-6000:]
+    assert [a["envelope_id"] for a in first["handled"]] == [e1, e2]
+    assert first["handled"][1] == {**first["handled"][1], "watcher": "asset:agentpost-inbox-w1",
+                                   "workspace_id": "w1"}
+    assert second["handled"] == []
