@@ -148,6 +148,41 @@ def test_pruning_keeps_young_marks_and_drops_old_ones_without_sweeping_them_agai
     assert take(store, "r4", young) == []
 
 
+def age(dsn: str, by: str = "2 minutes") -> None:
+    """Move every arrival and bound back in time: the consumer's cursor only passes
+    arrivals older than a minute."""
+    query(dsn, f"UPDATE agentpost.envelopes SET delivered_at = delivered_at - interval '{by}'")
+    query(dsn, f"UPDATE agentpost.event_watchers SET since = since - interval '{by}',"
+               f" handled_from = handled_from - interval '{by}'")
+    query(dsn, f"UPDATE agentpost.event_consumers SET since = since - interval '{by}'")
+
+
+def cursor(dsn: str) -> list[tuple[Any, ...]]:
+    return query(dsn, "SELECT e.id FROM agentpost.event_consumers c JOIN agentpost.envelopes e"
+                      " ON (e.delivered_at, e.seq) = (c.cursor_at, c.cursor_seq)")
+
+
+def test_the_consumers_cursor_passes_taken_arrivals_and_stops_at_a_gap(
+        store: EnvelopeStore, session: ClaimSession, dsn: str) -> None:
+    """The sweep only looks after the consumer's cursor, which moves over contiguous taken
+    arrivals: an arrival whose claim was released (not claimed now) stops it, is not taken,
+    and is swept once claimed again; what the cursor passed is not swept again even with its
+    mark gone."""
+    (e1,) = arrive(store, session, 1)
+    gap, e3 = arrive(store, session, 2, confirm=False)
+    assert session.release([gap], session.owner) == 1
+    assert take(store, "r1", [e1]) == [e1, e3]
+    age(dsn)
+    assert take(store, "r2", []) == []
+    assert cursor(dsn) == [(e1,)]
+    assert session.claim()[0] == [gap]
+    assert take(store, "r3", []) == [gap]
+    assert take(store, "r4", []) == []
+    assert cursor(dsn) == [(e3,)]
+    query(dsn, "DELETE FROM agentpost.event_handled")
+    assert take(store, "r5", []) == []
+
+
 def test_dropping_a_watcher_drops_its_marks(store: EnvelopeStore, session: ClaimSession,
                                             dsn: str) -> None:
     """drop_event_watchers forgets a dropped watcher's consumers and marks with it."""
