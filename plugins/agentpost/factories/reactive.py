@@ -11,7 +11,10 @@ plus every arrival its watcher has claimed that no run of this DAG has handled y
 stranded one's claim is in the store before the stranding run's task starts. Which run
 took each arrival is recorded in the store (`agentpost.store.event_handled`), so each
 arrival is handled by exactly one run of the DAG (a retry of that run gets it again); the
-run whose window finally holds a taken arrival skips it.
+run whose window finally holds a taken arrival skips it. So a run that fails for good keeps
+the arrivals it took, swept ones included: clear it (same run id) to handle them again.
+Which-run marks are kept 30 days (`maintain`): a stranded event coming back in a run's
+window after its mark was pruned would be handled twice.
 
 A run started by hand handles the arrivals its conf names, ``{"arrivals": [payload, ...]}``
 (each at least ``{"envelope_id": ...}``), taken the same way (one another run took is
