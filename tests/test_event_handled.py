@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,16 @@ def test_a_run_takes_a_stranded_claimed_arrival_and_no_later_run_takes_it_again(
     assert take(store, "r1", [e1]) == [e1, e2]
     assert take(store, "r2", [e2]) == []
     assert take(store, "r1", [e1]) == [e1, e2]
+
+
+def test_concurrent_runs_of_one_dag_split_the_arrivals_without_overlap(
+        store: EnvelopeStore, session: ClaimSession) -> None:
+    """Runs taking at once (max_active_runs > 1, each for one arrival): every arrival is held
+    by exactly one run."""
+    sent = arrive(store, session, 12)
+    with ThreadPoolExecutor(6) as pool:
+        held = list(pool.map(lambda i: take(store, f"r{i}", [sent[i]]), range(len(sent))))
+    assert sorted(i for ids in held for i in ids) == sorted(sent)
 
 
 def test_pending_claims_are_swept(store: EnvelopeStore, session: ClaimSession) -> None:
