@@ -167,8 +167,10 @@ class InboxEventTrigger(StoreAccess, BaseEventTrigger):
         asset-triggered run per DAG: an asset event stored while that run is being created
         is not in its ``triggering_asset_events`` and waits for the next arrival's run
         (seen under standalone with three envelopes sent at once: one run, one arrival).
-        Pacing events a scheduler loop or two apart gives each its own run; arrivals wait
-        unclaimed in the inbox meanwhile.
+        Pacing events a scheduler loop or two apart gives each its own run in the common
+        case; arrivals wait unclaimed in the inbox meanwhile. A loaded scheduler still
+        strands one now and then: the reactive factory's runs also take the claimed
+        arrivals no run took yet (sql/0071_event_handled.sql).
     :param claim_timeout: seconds after which a pending claim whose owner still holds its
         database session is reported again anyway (its host lost without closing the
         connection). Keep it above ``[triggerer] shared_stream_ack_timeout`` (300 s), or a
