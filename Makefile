@@ -32,7 +32,7 @@ test: venv
 	sh tests/ensure-browser.sh
 	# the Spark jobs read the store over JDBC: Debian's driver jar, installed here when missing
 	sh tests/ensure-jdbc-driver.sh
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=25
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25
 
 lint: venv
 	$(BIN)/ruff check .

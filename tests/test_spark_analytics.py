@@ -44,6 +44,9 @@ from agentpost.spark.settings import SparkSettings
 from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
 
+#: Spark jobs over a seeded store: minutes for the module
+pytestmark = pytest.mark.slow
+
 ALL = ["intent", "action", "observation", "warning", "need"]
 ALICE = Agent(name="alice", scopes={"lot": ALL, "ops": ALL})
 BOB = Agent(name="bob", scopes={"lot": ALL, "ops": ALL})

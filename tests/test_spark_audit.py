@@ -31,6 +31,9 @@ from agentpost.store.commands import CommandLedger
 from agentpost.store.routes import RouteStore
 from conftest import create_database, drop_database, fresh_database, unique_db_name
 
+#: Spark jobs over a seeded store: minutes for the module
+pytestmark = pytest.mark.slow
+
 KEY = os.environ["AGENTPOST_TRAIL_KEY"]
 REPO = Path(__file__).resolve().parents[1]
 JAR = "/usr/share/java/postgresql.jar"
