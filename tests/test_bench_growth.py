@@ -1,4 +1,4 @@
-"""Smoke test of `agentpost bench growth` at a tiny scale (sizes 0, 2,000 and 20,000): it runs
+"""Smoke test of `agentpost bench growth` at a tiny scale (sizes 0, 1,000 and 10,000): it runs
 end to end through the CLI on scratch databases of its own, prints every measurement at every
 size beside the empty store's with a ratio, judges every goal, verifies the filled history with
 the store's own checker, and drops its databases. No timing is asserted (shared machines)."""
@@ -16,10 +16,10 @@ from agentpost.cli import main
 from agentpost.store import EnvelopeStore
 from agentpost.store.server import dsn_for_database, libpq_dsn
 
-SIZES = ("2,000", "20,000")
+SIZES = ("1,000", "10,000")
 GOALS = (
-    r"at 20,000 envelopes every rate within 1\.5x of the empty store's \(lowest ratio [\d.]+\)",
-    r"verify_trail\(since=\) over the last 2,000 entries independent of total size",
+    r"at 10,000 envelopes every rate within 1\.5x of the empty store's \(lowest ratio [\d.]+\)",
+    r"verify_trail\(since=\) over the last 1,000 entries independent of total size",
     r"empty store: single send >= 0\.5 x raw single-row INSERT\+COMMIT \(ratio [\d.]+\)",
     r"empty store: send_many >= 20,000 envelopes/s",
     r"empty store: lease\+ack >= 10,000/s with 4 consumers, batches of 100",
@@ -50,7 +50,7 @@ def test_bench_growth_prints_every_size_ratio_and_goal(
     each size beside the empty store's with the ratio; the goals judged met or MISSED; the
     whole filled trail verifies; the scratch databases are gone afterwards."""
     before = set(_scratch_databases(dsn))
-    code = main(["--dsn", dsn, "bench", "growth", "--scale", "0.02"])
+    code = main(["--dsn", dsn, "bench", "growth", "--scale", "0.01"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert re.search(r"empty store: raw INSERT\+COMMIT \(psycopg2\)\s+[\d,]+/s", out), out
@@ -75,9 +75,9 @@ def test_bench_growth_prints_every_size_ratio_and_goal(
             assert f"{since}  {MISSING}" in out or re.search(
                 rf"{re.escape(since)}\s+{re.escape(MISSING)}", out), out
     # the generated history is a store the store's own checker accepts
-    assert re.search(r"2,000 envelopes: verify_trail\(\) whole trail\s+[\d.]+ s for [\d,]+ "
+    assert re.search(r"1,000 envelopes: verify_trail\(\) whole trail\s+[\d.]+ s for [\d,]+ "
                      r"entries, verified", out), out
-    assert re.search(r"history filled\s+20,000 envelopes in 20 inbox pairs", out), out
+    assert re.search(r"history filled\s+10,000 envelopes in 10 inbox pairs", out), out
     for goal in GOALS:
         assert re.search(rf"\[(met|MISSED)\] {goal}", out), goal
     assert set(_scratch_databases(dsn)) == before
