@@ -1,5 +1,5 @@
-"""Pieces the SMCL test modules share: a ledger on the test's store, and processes racing one
-command through `ledger.run`."""
+"""Pieces the SMCL test modules share: a ledger on the test's store, processes released
+together, and processes racing one command through `ledger.run`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import multiprocessing
 import queue
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -36,22 +36,28 @@ def run_in_race(dsn: str, request: dict[str, Any], pause: float, barrier: Any,
         results.put(("error", traceback.format_exc(), 0, ""))
 
 
+def spawn_together(target: Callable[..., None], argsets: list[tuple[Any, ...]],
+                   timeout: float = 120) -> list[Any]:
+    """Run ``target(*args, barrier, results)`` in one spawned process per argset, all released
+    by one barrier; the report each put on `results`."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(len(argsets)), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, barrier, results)) for args in argsets]
+    for proc in procs:
+        proc.start()
+    try:
+        return [results.get(timeout=timeout) for _ in procs]
+    except queue.Empty:
+        pytest.fail(f"a racing process did not report within {timeout:g} s")
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+
+
 def race(dsn: str, request: dict[str, Any], processes: int,
          pause: float) -> list[tuple[str, str, int, str]]:
     """Run `request` from `processes` spawned processes at once; their reports
     (status, command id, times the effect ran, state seen)."""
-    ctx = multiprocessing.get_context("spawn")
-    barrier, results = ctx.Barrier(processes), ctx.Queue()
-    procs = [ctx.Process(target=run_in_race, args=(dsn, request, pause, barrier, results))
-             for _ in range(processes)]
-    for proc in procs:
-        proc.start()
-    try:
-        reports = [results.get(timeout=120) for _ in procs]
-    except queue.Empty:
-        pytest.fail("a racing process did not report within 120 s")
-    finally:
-        for proc in procs:
-            proc.join(timeout=30)
+    reports = spawn_together(run_in_race, [(dsn, request, pause)] * processes)
     assert all(r[0] == "ok" for r in reports), reports
     return reports

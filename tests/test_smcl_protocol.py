@@ -24,6 +24,7 @@ from agentpost.protocol.commands import (
     missing_context,
     recovery_options,
     refusal,
+    stands,
     transition_name,
 )
 
@@ -150,6 +151,20 @@ def test_recovery_kinds_and_options() -> None:
     assert recovery_options(S.COMPENSATED) == ()
     assert CommandKind.COMPENSATE in recovery_options(S.EXECUTED)
     assert recovery_options(S.STARTED) == (CommandKind.CANCEL,)
+
+
+def test_a_recovery_stands_while_it_could_still_start() -> None:
+    """One recovery of a command at a time: a recovery stands while it runs, or waits
+    undeclined for a start its target's state still allows; ended, declined or stranded
+    (its target moved on) it does not."""
+    R, C = CommandKind.RETRY, CommandKind.CANCEL
+    assert stands(R, S.CONFIRMED, False, S.FAILED)
+    assert stands(R, S.CANONICALIZED, False, S.FAILED)
+    assert stands(C, S.STARTED, False, S.EXECUTED)  # running, whatever its target did
+    assert not stands(R, S.CONFIRMATION_REQUIRED, True, S.FAILED)  # declined
+    assert not stands(R, S.AUTHORIZED, False, S.COMPENSATED)  # can never start
+    assert not stands(C, S.CONFIRMED, False, S.EXECUTED)
+    assert not any(stands(R, state, False, S.FAILED) for state in TERMINAL)
 
 
 def test_redaction_policy_masks_sensitive_fields_at_any_depth() -> None:

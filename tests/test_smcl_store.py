@@ -272,17 +272,24 @@ def test_compensating_an_executed_command_keeps_its_outcome(ledger: CommandLedge
     assert final.state is S.COMPENSATED and final.outcome == {"booked": 7}
 
 
-def test_a_target_is_compensated_once(ledger: CommandLedger, ws: str) -> None:
-    """Two compensate commands submitted for one target: the second cannot start once the
-    first executed (target_not_recoverable), so a compensation never runs twice."""
+def test_a_target_is_compensated_once(store: EnvelopeStore, ledger: CommandLedger,
+                                      ws: str) -> None:
+    """A second compensate command submitted while the first stands is refused (Conflict)
+    and writes nothing, so a compensation never runs twice and no second command is left
+    stranded; once the first executed, the target offers no compensation at all."""
     cid = _run(ledger, ws, "k").command_id
     first = ledger.recover(cid, "compensate", "u1", auto_confirm="saga")
-    second = ledger.recover(cid, "compensate", "u2", auto_confirm="saga")
+    trail = store.db.scalar("SELECT count(*) FROM agentpost.trail")
+    with pytest.raises(Conflict, match=f"compensate {first.command_id} is canonicalized"):
+        ledger.recover(cid, "compensate", "u2", auto_confirm="saga")
+    assert store.db.scalar("SELECT count(*) FROM agentpost.trail") == trail
+    assert ledger.find(ws, "u2") is None
     ran: list[str] = []
     ledger.execute(first.command_id, lambda: ran.append("first"))
-    with pytest.raises(InvalidTransition, match="target_not_recoverable"):
-        ledger.execute(second.command_id, lambda: ran.append("second"))
+    with pytest.raises(Conflict, match="cannot target a command in state compensated"):
+        ledger.compensate(cid, "u3", lambda: ran.append("third"), auto_confirm="saga")
     assert ran == ["first"] and ledger.view(cid).state is S.COMPENSATED
+    assert [r.command_id for r in ledger.recoveries(cid)] == [first.command_id]
 
 
 def test_recovery_commands_are_gated_like_primaries(ledger: CommandLedger, ws: str) -> None:

@@ -168,13 +168,15 @@ def test_retry_end_to_end(web: Web, ledger: CommandLedger, mstore: EnvelopeStore
     assert confirm.status_code == 200 and 'id="confirm-button"' in confirm.text
     assert "flaky card API" in confirm.text
     assert _count(mstore, "SELECT count(*) FROM agentpost.commands") == before
-    done = _post(user, path, web.csrf("user"), note="flaky card API", confirm="yes")
+    key = web.confirm_key("user", path)
+    done = _post(user, path, web.csrf("user"), note="flaky card API", confirm="yes",
+                 confirm_key=key)
     assert done.status_code == 303
     assert done.headers["location"].startswith(f"/agentpost/commands/{cid}?done=")
     (retry,) = ledger.recoveries(cid)
     assert (retry.kind.value, retry.state, retry.confirmed_by) == ("retry", S.CONFIRMED,
                                                                   "human:user")
-    assert retry.args == {"room": 3} and retry.idempotency_key == f"highway:retry/{cid}/1"
+    assert retry.args == {"room": 3} and retry.idempotency_key == f"highway:retry/{cid}/{key}"
     first = ledger.evidence(retry.command_id)[0].body
     assert first["context"] == {"originator": "human:user", "via": "agentpost page",
                                 "note": "flaky card API"}
@@ -188,7 +190,8 @@ def test_retry_end_to_end(web: Web, ledger: CommandLedger, mstore: EnvelopeStore
     assert (created.chain, created.body["originator"]) == ("human:user", "user")
     assert mstore.verify_trail().ok
     # the waiting retry blocks another one: 409 with the reason, nothing written
-    again = _post(user, path, web.csrf("user"), confirm="yes")
+    again = _post(user, path, web.csrf("user"), confirm="yes",
+                  confirm_key=web.confirm_key("user", path))
     assert again.status_code == 409 and f"retry {retry.command_id} is already confirmed" \
         in html.unescape(again.text)
     assert len(ledger.recoveries(cid)) == 1
@@ -209,7 +212,8 @@ def test_compensate_end_to_end(web: Web, ledger: CommandLedger,
     assert missing.status_code == 400 and "say what you did" in html.unescape(missing.text)
     assert _post(user, path, token, note="cancelled room 7").status_code == 200
     assert ledger.view(cid).state is S.EXECUTED  # the confirm step changed nothing
-    done = _post(user, path, token, note="cancelled room 7", confirm="yes")
+    done = _post(user, path, token, note="cancelled room 7", confirm="yes",
+                 confirm_key=web.confirm_key("admin", path))
     assert done.status_code == 303
     target = ledger.view(cid)
     assert target.state is S.COMPENSATED and target.outcome == {"booked": "room 7"}
@@ -228,7 +232,8 @@ def test_compensate_end_to_end(web: Web, ledger: CommandLedger,
     assert body["last_transition"]["by"] == "executor:desk"
     # compensated offers nothing: 409, nothing written
     count = _count(mstore, "SELECT count(*) FROM agentpost.commands")
-    again = _post(user, path, token, note="again", confirm="yes")
+    again = _post(user, path, token, note="again", confirm="yes",
+                  confirm_key=web.confirm_key("admin", path))
     assert again.status_code == 409
     refused = html.unescape(again.text)
     assert "SMCL offers no compensate for a command in state compensated" in refused
@@ -244,7 +249,8 @@ def test_wrong_state_is_409_before_the_confirm_page(web: Web, ledger: CommandLed
     assert r.status_code == 409
     assert "SMCL offers no retry for a command in state executed" in html.unescape(r.text)
     r = _post(web.client("user"), f"/agentpost/commands/{cid}/retry", web.csrf("user"),
-              confirm="yes")
+              confirm="yes", confirm_key=web.confirm_key("user",
+                                                         f"/agentpost/commands/{cid}/retry"))
     assert r.status_code == 409
     assert _count(mstore, "SELECT count(*) FROM agentpost.trail") == trail
     r = _post(web.client("user"), "/agentpost/commands/unknown-id/retry", web.csrf("user"))

@@ -243,7 +243,8 @@ def test_inject_end_to_end(web, st, module_dsn):
     assert confirm.status_code == 200 and 'id="confirm-button"' in confirm.text
     assert "hello from a person" in confirm.text
     assert count_envelopes(module_dsn, ws) == 1  # nothing written yet
-    done = _inject(user, ws, web.csrf("user"), in_reply_to=parent, confirm="yes")
+    done = _inject(user, ws, web.csrf("user"), in_reply_to=parent, confirm="yes",
+                   confirm_key=web.confirm_key("user", f"/agentpost/inboxes/{ws}/inject"))
     assert done.status_code == 303
     found = re.match(r"/agentpost/envelopes/([^?]+)\?done=", done.headers["location"])
     assert found, done.headers["location"]
@@ -265,7 +266,8 @@ def test_rejected_inject_shows_its_reason(web, st):
     on the rejected envelope's page with the reason, not on a 500."""
     ws = worker(st, "inj-b")
     user = web.client("user")
-    done = _inject(user, ws, web.csrf("user"), type="no_such_type", confirm="yes")
+    done = _inject(user, ws, web.csrf("user"), type="no_such_type", confirm="yes",
+                   confirm_key=web.confirm_key("user", f"/agentpost/inboxes/{ws}/inject"))
     assert done.status_code == 303
     eid = re.match(r"/agentpost/envelopes/([^?]+)", done.headers["location"])[1]
     assert st.get(eid).status is Status.REJECTED
@@ -315,7 +317,8 @@ def test_requeue_end_to_end(web, st):
     confirm = _requeue(user, ws, eid, web.csrf("user"))
     assert confirm.status_code == 200 and 'id="confirm-button"' in confirm.text
     assert st.get(eid).status is Status.UNDELIVERABLE  # nothing done yet
-    done = _requeue(user, ws, eid, web.csrf("user"), confirm="yes")
+    done = _requeue(user, ws, eid, web.csrf("user"), confirm="yes", confirm_key=web.confirm_key(
+        "user", f"/agentpost/inboxes/{ws}/dead-letters/{eid}/requeue"))
     assert done.status_code == 303
     assert done.headers["location"].startswith(f"/agentpost/inboxes/{ws}?done=")
     envelope = st.get(eid)

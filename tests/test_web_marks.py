@@ -41,7 +41,7 @@ from agentpost.marks.postgres import PostgresMarkSpace
 from agentpost.protocol.errors import Conflict
 from agentpost.store import EnvelopeStore
 from agentpost.web.pages.marks import PEOPLE, decay_series, resolve_need, strength_at
-from web_support import csrf_from
+from web_support import confirm_form, csrf_from
 
 T0 = time.time() - 1200
 SCOPES = [Scope(name="ops", decay=DecayConfig(observation_half_life=600,
@@ -330,10 +330,9 @@ def test_resolve_a_need_end_to_end(web: Any, space: PostgresMarkSpace,
     assert confirm.status_code == 200 and 'id="confirm-button"' in confirm.text
     assert "Rotate the keys?" in confirm.text and "human:user" in confirm.text
     assert _mark_count(module_dsn, space.space) == before  # confirming wrote nothing
-    done = web.client("user").post(
-        f"/agentpost/marks/needs/{need}/resolve",  # as the confirm form posts it
-        data={"action_taken": text, "space": space.space, "confirm": "yes",
-              "csrf_token": token})
+    action, fields = confirm_form(confirm.text)  # posted as the confirm form posts it
+    assert fields["confirm"] == "yes" and fields["csrf_token"] == token
+    done = web.client("user").post(action, data=fields)
     assert done.status_code == 303
     assert done.headers["location"].startswith(
         f"/agentpost/marks?space={space.space}&scope=ops&done=")

@@ -4,11 +4,13 @@ auth on, plugins mounted from the installed entry point) under FastAPI's TestCli
 `airflow_web(dsn)` yields a `Web`: `client(role)` is a TestClient signed in as one of the
 simple auth manager's users `viewer`, `user`, `op`, `admin` (the UI's cookie), or anonymous
 (`role=None`); `bearer(role)` gives the header a script would send; `csrf(role)` the form
-token the pages embed. The plugin's app is pointed at `dsn` for the duration.
+token the pages embed; `confirm_key(role, path)` a confirmation's single-use key. The
+plugin's app is pointed at `dsn` for the duration.
 """
 
 from __future__ import annotations
 
+import html
 import os
 import re
 from collections.abc import Iterator
@@ -46,12 +48,31 @@ class Web:
 
         return csrf_token(SimpleAuthManagerUser(username=role, role=role.upper()))
 
+    def confirm_key(self, role: str, path: str) -> str:
+        """A fresh single-use key, as the confirm page of the action at `path` gives `role`
+        (for tests that post a confirmation without rendering its page first)."""
+        from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+        from agentpost.web.actions import key_for
+
+        return key_for(SimpleAuthManagerUser(username=role, role=role.upper()), path)
+
 
 def csrf_from(html: str) -> str:
     """The CSRF token a rendered page embeds (the body's data-csrf)."""
     found = re.search(r'data-csrf="([^"]*)"', html)
     assert found, "page has no data-csrf attribute"
     return found.group(1)
+
+
+def confirm_form(page: str) -> tuple[str, dict[str, str]]:
+    """The confirm page's form as a browser would post it: its action and hidden fields
+    (CSRF token, the action's fields, the single-use key, confirm=yes)."""
+    form = re.search(r'<form method="post" action="([^"]*)" class="confirm">(.*?)</form>',
+                     page, re.S)
+    assert form, "page has no confirm form"
+    fields = re.findall(r'<input type="hidden" name="([^"]*)" value="([^"]*)">', form[2])
+    return html.unescape(form[1]), {html.unescape(n): html.unescape(v) for n, v in fields}
 
 
 def plugin_app():

@@ -18,9 +18,12 @@ Decisions (the RFC leaves them open):
 - A declined confirmation has no state of its own (the RFC has no confirmation_required ->
   rejected): the command records ``confirmation_declined`` evidence, keeps its state, and can
   never start (``Refusal.CONFIRMATION_DECLINED``).
-- A cancel or compensate command acts on its target once: it cannot start while the target's
-  state no longer offers its kind or a sibling of the same kind runs or ran
-  (``Refusal.TARGET_NOT_RECOVERABLE``).
+- One recovery of a command stands at a time (``stands``): a recovery cannot be submitted
+  while another one of its target could still start or runs (a conflict, nothing written), so
+  a target is never re-run and undone at once, nor compensated or canceled twice.
+- A recovery of any kind cannot start once its target's state no longer offers its kind (a
+  compensated target offers nothing), nor while another recovery of its target runs, nor (a
+  cancel or compensate) after a sibling of its kind ran (``Refusal.TARGET_NOT_RECOVERABLE``).
 """
 
 from __future__ import annotations
@@ -207,6 +210,21 @@ def missing_context(source: CommandState, target: CommandState,
 
 def recovery_options(state: CommandState) -> tuple[CommandKind, ...]:
     return RECOVERY_OPTIONS.get(state, ())
+
+
+#: the states in which a recovery command may still start
+WAITING: frozenset[CommandState] = frozenset(
+    {S.CANONICALIZED, S.CONFIRMATION_REQUIRED, S.CONFIRMED, S.AUTHZ_PENDING, S.AUTHORIZED})
+
+
+def stands(kind: CommandKind, state: CommandState, declined: bool,
+           target_state: CommandState) -> bool:
+    """Does a recovery of `kind` in `state` stand in the way of another recovery of its
+    target (now in `target_state`)? It does while it runs, and while it waits and could
+    still start: not declined, and the target's state still offers its kind."""
+    if state is S.STARTED:
+        return True
+    return state in WAITING and not declined and kind in recovery_options(target_state)
 
 
 def transition_name(source: CommandState, target: CommandState) -> str:

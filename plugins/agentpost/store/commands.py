@@ -418,12 +418,16 @@ class CommandLedger:
             pass  # resolved meanwhile by someone else: the command's decision stands
 
     def confirmation_envelope(self, user_id: str, command_id: str,
-                              decision: Decision | str = Decision.CONFIRM) -> CommandView:
-        """Inject a person's decision through the human highway and apply it."""
+                              decision: Decision | str = Decision.CONFIRM, *,
+                              envelope_id: str | None = None) -> CommandView:
+        """Inject a person's decision through the human highway and apply it. `envelope_id`
+        (the send's idempotency key) makes a repeated call send nothing new."""
         view = self.view(command_id)
+        extra = {} if envelope_id is None else {"envelope_id": envelope_id}
         sent = self.store.inject(user_id, view.workspace, CONFIRMATION_TYPE,
                                  {"command_id": view.command_id,
-                                  "decision": _decision(decision).value}, format="json")
+                                  "decision": _decision(decision).value}, format="json",
+                                 **extra)
         if sent.status == "rejected":
             raise InvalidInput(f"the confirmation envelope was rejected: {sent.reason}")
         return self.confirm_from_envelope(sent.envelope_id)

@@ -20,6 +20,7 @@ from agentpost.protocol.models import Envelope
 from agentpost.store.checks import count as _count
 from agentpost.store.checks import name as _name
 from agentpost.store.checks import ref as _ref
+from agentpost.store.checks import text as _text
 from agentpost.store.db import Database
 from agentpost.store.queries import QUERIES
 
@@ -137,12 +138,21 @@ class LeaseOps:
                                 {"ws": _ref(workspace_id, "workspace id"), "limit": limit})
         return [self._envelope_row(r) for r in rows]
 
-    def requeue(self, workspace_id: str, envelope_id: str, user_id: str) -> dict[str, Any]:
+    def requeue(self, workspace_id: str, envelope_id: str, user_id: str, *,
+                key: str | None = None) -> dict[str, Any]:
         """The human highway's second chance for a dead letter (WACP §3 origin/originator):
         in one transaction
         the envelope becomes leasable again in its inbox (fresh redelivery count, tail of its
         level) and an `envelope_requeued` entry records `user_id` as originator. NotFound
-        for an unknown envelope; Conflict when it is not a dead letter of `workspace_id`."""
-        return self.db.scalar("SELECT agentpost.requeue(%s, %s, %s)",
-                              (_ref(workspace_id, "workspace id"),
-                               _ref(envelope_id, "envelope id"), _name(user_id, "user id")))
+        for an unknown envelope; Conflict when it is not a dead letter of `workspace_id`.
+
+        `key` makes the call single-use (a person's confirmation): a later call with the same
+        key requeues nothing and returns the first call's result with ``duplicate`` true,
+        even if the envelope was dead-lettered again meanwhile; the key used for another
+        envelope or by another person is a Conflict."""
+        args = (_ref(workspace_id, "workspace id"), _ref(envelope_id, "envelope id"),
+                _name(user_id, "user id"))
+        if key is None:
+            return self.db.scalar("SELECT agentpost.requeue(%s, %s, %s)", args)
+        return self.db.scalar("SELECT agentpost.requeue(%s, %s, %s, %s)",
+                              (*args, _text(key, "key", 200)))

@@ -3,8 +3,10 @@ recoveries and saga, and the human highway's two recoveries, retry and compensat
 
 What a person may do is decided by the protocol's own rules (`recovery_options` of the
 command's state, SMCL "recovery"), never by the template: the page offers retry and compensate
-only where the state offers them and no earlier recovery of that kind is still alive, and the
-action checks the same again before writing anything (409 otherwise).
+only where the state offers them, no other recovery of the command stands and no earlier
+recovery of that kind is still alive, and the action checks the same again, under the
+command's recovery lock, before writing anything (409 otherwise; the ledger refuses a second
+standing recovery on its own). Each confirmation acts once (agentpost.store.highway).
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from agentpost.protocol.commands import (
     CommandView,
     EvidenceType,
     recovery_options,
+    stands,
 )
 from agentpost.protocol.errors import Conflict, InvalidInput
 from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
+from agentpost.store.highway import recover_as_person
 from agentpost.store.queries import load_queries
 from agentpost.web import actions
 from agentpost.web.auth import Actor, require_viewer, user_name
@@ -146,7 +150,9 @@ def _alive(recovery: CommandView) -> bool:
 
 def highway_options(view: CommandView, recoveries: list[CommandView]
                     ) -> dict[str, str | None]:
-    """For each highway recovery: None when a person may start it now, else why not."""
+    """For each highway recovery: None when a person may start it now, else why not: the
+    state does not offer it, another recovery stands (the ledger refuses it too), or one of
+    its kind is alive (an executed retry is not retried again from here)."""
     offered = recovery_options(view.state)
     out: dict[str, str | None] = {}
     for kind in HIGHWAY:
@@ -155,9 +161,10 @@ def highway_options(view: CommandView, recoveries: list[CommandView]
             out[kind.value] = (f"SMCL offers no {kind.value} for a command in state"
                                f" {view.state.value} (offers: {offers})")
             continue
-        live = [r for r in recoveries if r.kind is kind and _alive(r)]
+        live = [r for r in recoveries if (r.kind is kind and _alive(r))
+                or stands(r.kind, r.state, r.declined, view.state)]
         out[kind.value] = (None if not live else
-                           f"{kind.value} {live[-1].command_id} is already"
+                           f"{live[-1].kind.value} {live[-1].command_id} is already"
                            f" {live[-1].state.value}")
     return out
 
@@ -225,33 +232,31 @@ def command_json(store: Store, command_id: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------- the human highway
 
 
-def _check_highway(ledger: CommandLedger, command_id: str, kind: CommandKind) -> CommandView:
-    """The target, if a person may start `kind` on it now; else Conflict with the reason."""
-    view = ledger.view(command_id)
-    why = highway_options(view, ledger.recoveries(view.command_id, kind))[kind.value]
+def _check_highway(ledger: CommandLedger, view: CommandView, kind: CommandKind) -> None:
+    """Conflict with the reason unless a person may start `kind` on `view` now."""
+    why = highway_options(view, ledger.recoveries(view.command_id))[kind.value]
     if why is not None:
         raise Conflict(f"cannot {kind.value} command {view.command_id}: {why}")
-    return view
 
 
-def _act(store: EnvelopeStore, command_id: str, kind: CommandKind, person: str,
-         note: str) -> str:
+def highway_act(store: EnvelopeStore, command_id: str, kind: CommandKind, person: str,
+                note: str, key: str) -> str:
     """Submit the recovery with the person as its originator, confirm it through the human
     highway (a ``command.confirmation`` envelope from ``human:<person>``), and, for a
-    compensation the person performed, execute it: the target becomes compensated."""
+    compensation the person performed, execute it: the target becomes compensated. All under
+    the target's recovery lock, keyed by the confirmation's single-use key: a replay of the
+    confirmation lands on the same recovery (finishing it if it was interrupted)."""
+    context = {"originator": f"human:{person}", "via": "agentpost page", "note": note}
+    perform = None
+    if kind is CommandKind.COMPENSATE:
+        def perform() -> dict[str, str]:
+            return {"performed_by": f"human:{person}", "note": note}
     with CommandLedger(store) as ledger:
-        target = _check_highway(ledger, command_id, kind)
-        attempt = len(ledger.recoveries(target.command_id, kind)) + 1
-        key = f"highway:{kind.value}/{target.command_id}/{attempt}"
-        context = {"originator": f"human:{person}", "via": "agentpost page", "note": note}
-        rec = ledger.recover(target.command_id, kind, key, mutating=True, context=context)
-        if rec.state is CommandState.CANONICALIZED:
-            rec = ledger.request_confirmation(rec.command_id)
-        if rec.state is CommandState.CONFIRMATION_REQUIRED and not rec.declined:
-            rec = ledger.confirmation_envelope(person, rec.command_id)
-        if kind is CommandKind.COMPENSATE:
-            ledger.execute(rec.command_id, lambda: {"performed_by": f"human:{person}",
-                                                    "note": note})
+        target = ledger.view(_command_id(command_id))
+        recover_as_person(
+            ledger, target.command_id, kind, f"highway:{kind.value}/{target.command_id}/{key}",
+            person, context=context, perform=perform,
+            check=lambda led, view: _check_highway(led, view, kind))
     return f"/commands/{target.command_id}"
 
 
@@ -271,10 +276,14 @@ async def _highway_post(request: Request, store: EnvelopeStore, user: Any,
                         command_id: str, kind: CommandKind) -> Response:
     fields = await actions.form_fields(request)
     note = _note(fields.get("note"), required=kind is CommandKind.COMPENSATE)
+    confirming = (await request.form()).get("confirm") == "yes"
 
     def check() -> CommandView:
         with CommandLedger(store) as ledger:
-            return _check_highway(ledger, _command_id(command_id), kind)
+            view = ledger.view(_command_id(command_id))
+            if not confirming:  # the confirmed act checks again, under the lock
+                _check_highway(ledger, view, kind)
+            return view
 
     view = await asyncio.to_thread(check)
     person = user_name(user)
@@ -282,7 +291,7 @@ async def _highway_post(request: Request, store: EnvelopeStore, user: Any,
         request, title=f"{kind.value} command {view.command_id}",
         fields={"note": note}, summary=_summary(view, kind, note),
         back=f"/commands/{view.command_id}",
-        act=lambda: _act(store, view.command_id, kind, person, note))
+        act=lambda key: highway_act(store, view.command_id, kind, person, note, key))
 
 
 @router.post("/commands/{command_id}/retry")
@@ -296,4 +305,4 @@ async def compensate(request: Request, store: Store, user: Actor,
     return await _highway_post(request, store, user, command_id, CommandKind.COMPENSATE)
 
 
-__all__ = ["command_detail", "highway_options", "list_commands", "router"]
+__all__ = ["command_detail", "highway_act", "highway_options", "list_commands", "router"]

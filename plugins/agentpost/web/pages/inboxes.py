@@ -22,7 +22,7 @@ from fastapi.responses import Response
 
 from agentpost.protocol.errors import Conflict, InvalidInput
 from agentpost.protocol.models import Priority, Status
-from agentpost.protocol.validation import MAX_ID
+from agentpost.protocol.validation import MAX_ID, normalize_draft
 from agentpost.store import EnvelopeStore
 from agentpost.store.queries import load_queries
 from agentpost.store.views import STATS_SAMPLE, STATS_WINDOW_S
@@ -193,7 +193,20 @@ def inject_fields(fields: dict[str, str]) -> dict[str, str]:
         raise InvalidInput("priority: one of " + ", ".join(p.value for p in Priority))
     if len(reply) > MAX_ID:
         raise InvalidInput(f"in_reply_to: an envelope id of at most {MAX_ID} characters")
-    return {"type": kind, "content": content, "priority": priority, "in_reply_to": reply}
+    fields = {"type": kind, "content": content, "priority": priority, "in_reply_to": reply}
+    _well_formed(fields)
+    return fields
+
+
+def _well_formed(fields: dict[str, str]) -> None:
+    """What the store would reject as malformed is refused here, before confirming: a
+    malformed envelope keeps no caller-chosen id, so its confirmation could not act once."""
+    draft = normalize_draft({"from": "human:check", "to": "check", "type": fields["type"],
+                             "content": fields["content"], "priority": fields["priority"],
+                             "in_reply_to": fields["in_reply_to"] or None,
+                             "envelope_id": "check"})
+    if draft.problem is not None:
+        raise InvalidInput(draft.problem)
 
 
 @router.post("/inboxes/{ws}/inject")
@@ -201,15 +214,17 @@ async def inject(request: Request, ws: Ws, user: Actor, store: Store) -> Respons
     """Send an envelope into this inbox as the signed-in person (origin human, originator
     the user, WACP §3; no send right or matrix row, but type and structure are validated,
     and a rejection carries its WACP §9 reason).
-    A rejected envelope is recorded like any other; the envelope page shows its reason."""
+    A rejected envelope is recorded like any other; the envelope page shows its reason. The
+    envelope's id is the confirmation's single-use key: a replay lands on the same one."""
     fields = inject_fields(await form_fields(request))
     await asyncio.to_thread(store.workspace, ws)  # unknown inbox: 404 before confirming
     name = user_name(user)
 
-    def act() -> str:
+    def act(key: str) -> str:
         result = store.inject(name, ws, fields["type"], fields["content"],
                               priority=fields["priority"],
-                              in_reply_to=fields["in_reply_to"] or None)
+                              in_reply_to=fields["in_reply_to"] or None,
+                              envelope_id=f"human-{key}")
         return f"/envelopes/{result.envelope_id}"
 
     return await confirm_then(
@@ -223,15 +238,16 @@ async def inject(request: Request, ws: Ws, user: Actor, store: Store) -> Respons
 async def requeue(request: Request, ws: Ws, envelope_id: EnvelopeId, user: Actor,
                   store: Store) -> Response:
     """Give a dead letter back to its inbox, leasable with a fresh redelivery count; the
-    trail records the person who did it."""
+    trail records the person who did it. The confirmation's key makes it act once: a replay
+    requeues nothing, even once the envelope is a dead letter again."""
     envelope = await asyncio.to_thread(store.get, envelope_id)
     if envelope.to != ws or envelope.status is not Status.UNDELIVERABLE:
         raise Conflict(f"envelope {envelope_id!r} is not a dead letter of the inbox {ws!r}; "
                        "only dead letters can be requeued")
     name = user_name(user)
 
-    def act() -> str:
-        store.requeue(ws, envelope_id, name)
+    def act(key: str) -> str:
+        store.requeue(ws, envelope_id, name, key=key)
         return f"/inboxes/{ws}"
 
     return await confirm_then(

@@ -416,7 +416,7 @@ async def resolve_page(request: Request, user: Actor, store: Store, need_id: str
     person = user_name(user)
     dsn, key = web_context(request).dsn, store.settings.trail_key.encode("utf-8")
 
-    def act() -> str:
+    def act(confirmation: str) -> str:  # a need resolves once: no key needed below
         resolve_need(dsn, key, name, ident, need, person, text)
         return "/marks?" + urlencode({"space": name, "scope": need["scope"]})
 
