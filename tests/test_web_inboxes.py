@@ -351,6 +351,10 @@ def test_rejected_inject_shows_its_reason(web, st):
     assert page.status_code == 200
     rejection = re.search(r'<p class="notice bad" id="rejection">(.*?)</p>', page.text, re.S)
     assert rejection and st.get(eid).reason in rejection[1]
+    # the store keeps no payload of a rejected envelope (docs/design.md): the page says so
+    # rather than showing the Python None it reads
+    content = re.search(r'<td class="content">(.*?)</td>', page.text, re.S)[1]
+    assert "None" not in content and "not kept" in content
 
 
 @pytest.mark.parametrize(("fields", "message"), [

@@ -121,12 +121,18 @@ def inbox_stats(store: EnvelopeStore, ws: str) -> dict[str, Any]:
                            stats.lat_p50_ms, stats.lat_p95_ms, stats.dead_lettered)}
 
 
+def _short_ms(ms: int) -> str:
+    """A bucket edge as its axis label: ``500 ms``, ``2 s`` (short enough to fit under it)."""
+    return f"{ms} ms" if ms < 1000 else f"{ms / 1000:g} s"
+
+
 def latency_histogram(store: EnvelopeStore, ws: str) -> dict[str, Any]:
     """Enqueue → first lease of the recent sample, counted in LATENCY_EDGES_MS buckets."""
     counts = [0] * (len(LATENCY_EDGES_MS) + 1)
     for (ms,) in store.db.fetchall(Q["latencies"], {"ws": ws, "sample": STATS_SAMPLE}):
         counts[bisect_left(LATENCY_EDGES_MS, ms)] += 1  # the first bucket whose edge >= ms
-    labels = [f"≤{e} ms" for e in LATENCY_EDGES_MS] + [f">{LATENCY_EDGES_MS[-1]} ms"]
+    labels = [f"≤{_short_ms(e)}" for e in LATENCY_EDGES_MS] + [
+        f">{_short_ms(LATENCY_EDGES_MS[-1])}"]
     return {"x": list(range(len(counts))), "labels": labels, "counts": counts}
 
 
