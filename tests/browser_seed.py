@@ -37,6 +37,7 @@ class Seeded:
     agents: dict[str, str] = field(default_factory=dict)  # name: id
     poller: str = ""  # an agent whose name the store cannot know (not a workspace id)
     observation: str = ""
+    superseded: str = ""
     executed: str = ""
     failed: str = ""
     saga_step: str = ""
@@ -58,7 +59,8 @@ def seed_all(store: EnvelopeStore) -> Seeded:
 
 def _marks(store: EnvelopeStore, fleet: Any, out: Seeded) -> None:
     """Three drivers want spot-1 (a deferred scope): a boundary decides; a weather poller
-    observes; the guard's own agent asks a person something."""
+    observes, then corrects itself (a superseded observation); the guard's own agent asks a
+    person something."""
     out.space = fleet.space
     drivers = {name: fleet.agent(name) for name in DRIVERS}
     out.agents = {name: str(a.id) for name, a in drivers.items()}
@@ -70,8 +72,11 @@ def _marks(store: EnvelopeStore, fleet: Any, out: Seeded) -> None:
             guard.pre_action(drivers[name], "parking", "spot-1", "park", confidence)
         guard.resolve_deferred("parking", "spot-1")
         guard.pre_action(drivers["driver-a"], "parking", "spot-2", "park", 0.6)
+        first = space.write(poller, Observation(scope="weather", topic="forecast",
+                                                content={"rain": 0.5}))
+        out.superseded = str(first)  # its strength is 0 all along
         out.observation = str(space.write(poller, Observation(
-            scope="weather", topic="forecast", content={"rain": 0.3})))
+            scope="weather", topic="forecast", content={"rain": 0.3}, supersedes=first)))
         guard_agent = Agent(id=SYSTEM_AGENT_ID, name=SYSTEM_AGENT_NAME,
                             scopes={"parking": (MarkType.NEED,)})
         space.write(guard_agent, Need(scope="parking", question="Is spot-3 open?",

@@ -487,26 +487,31 @@ def test_bar_charts_have_category_axes_and_whole_bars(server: Server,
     """Verdicts by outcome and the latency histogram are bar charts over categories (their
     names on the x axis, every bar whole); a strength's y axis is its range, 0 to 1."""
     seeded = server.seeded
+    mark = f"/agentpost/marks/{{}}?space={seeded.space}"
     facts = {}
     for path, shot, charts in [
-            (f"/agentpost/marks?space={seeded.space}", "marks-space", ["outcome-chart"]),
-            ("/agentpost/inboxes/w1", "inbox-charts", ["latency-chart", "throughput-chart"]),
-            (f"/agentpost/marks/{seeded.observation}?space={seeded.space}", "mark",
-             ["decay-chart"])]:
+            (f"/agentpost/marks?space={seeded.space}", "marks-space",
+             {"outcome-chart": "outcomes"}),
+            ("/agentpost/inboxes/w1", "inbox-charts",
+             {"latency-chart": "histogram", "throughput-chart": "throughput"}),
+            (mark.format(seeded.observation), "mark", {"decay-chart": "decay"}),
+            (mark.format(seeded.superseded), "mark-superseded", {"decay-chart": "zero"})]:
         look(browser, path, shot)
-        for chart in charts:
-            browser.shot(f"chart-{chart}", f"#{chart}")
-            facts[chart] = chart_facts(browser, chart)
-    outcomes = facts["outcome-chart"]
+        for chart, name in charts.items():
+            browser.shot(f"chart-{name}", f"#{chart}")
+            facts[name] = chart_facts(browser, chart)
+    outcomes = facts["outcomes"]
     assert outcomes and outcomes["xaxis"] == "category", outcomes
     assert outcomes["ticks"] == ["won", "won, acted", "lost", "no winner"]
     assert outcomes["x"] == [-0.5, 3.5]  # half a slot beyond the last bar: never cut
     assert outcomes["y"][0] == 0 and outcomes["y"][1] >= max(outcomes["data"][1])
-    hist = facts["latency-chart"]
+    hist = facts["histogram"]
     assert hist["xaxis"] == "category" and hist["ticks"][-2:] == ["≤60 s", ">60 s"]
     assert hist["x"] == [-0.5, len(hist["ticks"]) - 0.5]
-    assert facts["throughput-chart"]["xaxis"] == "time"
-    assert facts["decay-chart"]["y"] == [0, 1], facts["decay-chart"]
+    assert facts["throughput"]["xaxis"] == "time"
+    assert facts["decay"]["y"] == [0, 1], facts["decay"]
+    # a superseded mark's strength is 0 throughout: still a 0-to-1 axis, not 0 to 100
+    assert set(facts["zero"]["data"][1]) == {0} and facts["zero"]["y"] == [0, 1], facts["zero"]
 
 
 def test_analytics_chart_spans_its_windows_and_shows_every_series(server: Server,
