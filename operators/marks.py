@@ -42,8 +42,10 @@ from agentpost.marks import (
 from agentpost.marks.keys import KeyRecord, UnsettledCall
 from agentpost.operators.commands import default_key
 from agentpost.operators.common import StoreOperator
-from agentpost.protocol.errors import InvalidInput
+from agentpost.protocol.errors import AgentpostError, InvalidInput
 from agentpost.web.links import LinkSource, links_for
+from agentpost.web.names import named
+from agentpost.web.names import read as read_names
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -239,12 +241,21 @@ class GuardedActionOperator(_MarksOperator):
                           self.resource, "an earlier try's recorded result is replayed, the "
                           "callable is not called again" if replayed else "the callable ran")
             return result
-        message = f"{self.task_id}: {_explain(decision)}"
+        message = f"{self.task_id}: {named(_explain(decision), self._agent_names())}"
         self.log.warning("%s", message)
         if self.on_refused == "skip":
             raise AirflowSkipException(message)
         raise GuardRefused(message)
 
+
+    def _agent_names(self) -> dict[str, str]:
+        """The names of the agents the store can name (`agentpost.web.names`), so that a
+        refusal says who holds the resource; none when the store cannot be read."""
+        try:
+            with AgentpostHook(self.agentpost_conn_id).get_store(check=False) as store:
+                return read_names(store, [self.space])
+        except AgentpostError:
+            return {}
 
     def _unsettled(self, record: KeyRecord) -> str:
         """Why the try refuses, and what a person checks and does."""

@@ -255,7 +255,7 @@ class SagaCompensationOperator(_SagaTask):
                 "for a person")
         if view.state in (SagaState.RUNNING, SagaState.COMPLETED):
             raise AirflowSkipException(f"saga is {view.state.value}: nothing to compensate")
-        if step.compensation in ("pending", "none"):
+        if step.compensation in ("pending", "not_needed", "none"):
             raise AirflowSkipException(f"step {self.step!r}: nothing to undo "
                                        f"(compensation {step.compensation})")
         raise AirflowFailException(f"{self.task_id}: step {self.step!r} is not compensated: "

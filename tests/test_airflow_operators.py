@@ -242,6 +242,27 @@ def test_guarded_action_runs_only_on_allow(office: EnvelopeStore) -> None:
         guarded("x", "x", on_refused="ignore")
 
 
+def test_a_refusal_names_the_agent_holding_the_resource(office: EnvelopeStore) -> None:
+    """The guard's reasons name agents by id ("already claimed by agent <id>'s action");
+    the task's message says the name too when the store can tell it (an agent named after
+    a workspace: agentpost.web.names), and keeps the id."""
+    office.create_workspace("worker", parent=BOSS, workspace_id="dora")
+
+    def guarded(task_id: str) -> GuardedActionOperator:
+        return GuardedActionOperator(task_id=task_id, agent=task_id, scopes=CALENDAR,
+                                     space="names", scope="calendar", resource="room-7",
+                                     intent_action="book", result_action="booked",
+                                     python_callable=lambda: {"room": "7"})
+
+    assert run(guarded("dora")) == {"room": "7"}
+    dora = str(stable_agent("dora", {}).id)
+    with pytest.raises(AirflowSkipException) as skipped:
+        run(guarded("eve"))
+    message = str(skipped.value)
+    assert f"already claimed by agent 'dora' ({dora})'s action 'booked'" in message, message
+    assert f"held by agent 'dora' ({dora})" in message
+
+
 def test_a_retried_mark_write_writes_nothing_new(office: EnvelopeStore, dsn: str) -> None:
     """At most one mark per task instance: try 2 of the same instance returns try 1's mark
     id and writes nothing, through the guard and straight into the space; another mapped

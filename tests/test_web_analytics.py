@@ -61,6 +61,8 @@ def test_empty_tables_say_how_to_fill_them(web: Web) -> None:
     page = web.client("viewer").get("/agentpost/analytics")
     assert page.status_code == 200
     assert 'id="analytics-empty"' in page.text and "analytics DAG" in page.text
+    # the empty state names the DAG to trigger (and links to it in Airflow's UI)
+    assert 'href="/dags/agentpost_trail_analytics" target="_top"' in page.text
     body = web.client("viewer").get("/agentpost/api/analytics").json()
     assert body["empty"] is True and body["chart"] == {"series": [], "data": [[]]}
 
@@ -267,3 +269,34 @@ def _latest_window_shown_in_order(web: Web, db: Db, start: datetime) -> None:
         assert tuple(map(datetime.fromisoformat, bounds)) == latest, name
         keys = columns.split(", ")[:len(expected[0])]
         assert [tuple(r[k] for k in keys) for r in shown["rows"]] == expected, name
+
+
+def test_chart_says_what_it_leaves_out_and_agents_are_named(web: Web, db: Db,
+                                                            module_dsn: str) -> None:
+    """Seven inboxes in the latest window, five charted: the page says two are not (the
+    legend has every charted series). An agent's row names it when the store knows the
+    name (an operator's agent named after a workspace), and keeps an unknown id."""
+    from agentpost.operators.marks import stable_agent
+    from agentpost.store import EnvelopeStore
+
+    start = T0 + 30 * HOUR
+    with EnvelopeStore(module_dsn) as st:
+        st.create_workspace("coordinator", workspace_id="an-dispatch")
+    known = str(stable_agent("an-dispatch", {}).id)
+    unknown = "5f0c2a6e-4b1d-4c8e-9a3f-2d7e8b1c0a94"
+    try:
+        _replace_window(db, start, [(f"in-{k}", 10 + k, 1.0, 2.0, 3.0) for k in range(7)])
+        db.execute("INSERT INTO agentpost.analytics_agent_activity (window_start, window_end,"
+                   " agent, sent) VALUES (%s, %s, %s, 3), (%s, %s, %s, 2)",
+                   (start, start + HOUR, known, start, start + HOUR, unknown))
+        page = web.client("viewer").get("/agentpost/analytics").text
+        note = re.search(r'<p class="muted" id="latency-chart-note">(.*?)</p>', page, re.S)
+        assert note and "2 of its 7 inboxes are not charted" in " ".join(note[1].split())
+        assert 'data-window-s="3600.0"' in page
+        agents = page.split('id="analytics-agents"', 1)[1].split("</table>", 1)[0]
+        assert f'<span class="agent" data-agent-id="{known}"' in agents
+        assert ">an-dispatch</span>" in agents and f"<td>{unknown}</td>" in agents
+    finally:
+        for table in ("analytics_inbox_latency", "analytics_agent_activity",
+                      "analytics_runs"):
+            db.execute(f"DELETE FROM agentpost.{table} WHERE window_start >= %s", (start,))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,13 +26,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg2
 import pytest
 
 from agentpost.store import EnvelopeStore
 from agentpost.store.server import PostgresServer
+from browser_seed import Seeded, seed_all
 from conftest import fresh_database
 from test_airflow_metadata_db import sqlalchemy_url
 
@@ -89,6 +93,7 @@ class Server:
     store: EnvelopeStore
     sent: dict[str, list[str]]  # inbox: ids of the envelopes waiting in it
     log: Path
+    seeded: Seeded
 
 
 def seed(store: EnvelopeStore) -> dict[str, list[str]]:
@@ -178,13 +183,14 @@ def server(pg_server: PostgresServer, module_dsn: str, output_dir: Path,
     log = output_dir / "api-server.log"
     with EnvelopeStore(module_dsn) as store, open(log, "w") as out:
         sent = seed(store)
+        seeded = seed_all(store)
         proc = subprocess.Popen([str(AIRFLOW), "api-server", "--host", "127.0.0.1", "--port",
                                  str(port), "--workers", "1"], env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             url = f"http://127.0.0.1:{port}"
             _wait_until_up(url, proc, log)
-            yield Server(url, port, store, sent, log)
+            yield Server(url, port, store, sent, log, seeded)
         finally:
             stop_group(proc, port)
             next(metadata, None)
@@ -222,10 +228,17 @@ class Browser:
     def open(self, path: str) -> None:
         self.driver.get(self.base + path)
 
-    def shot(self, name: str) -> Path:
+    def shot(self, name: str, selector: str | None = None) -> Path:
+        """A screenshot of the window, or of one element (a chart), scrolled into view."""
         self.step += 1
         path = self.folder / f"{self.step:02d}-{name}.png"
-        assert self.driver.save_screenshot(str(path)), path
+        if selector is None:
+            assert self.driver.save_screenshot(str(path)), path
+        else:
+            element = self.css(selector)
+            self.driver.execute_script("arguments[0].scrollIntoView({block: 'center'})",
+                                       element)
+            assert element.screenshot(str(path)), path
         return path
 
     def css(self, selector: str) -> Any:
@@ -361,6 +374,225 @@ def test_inject_then_watch_the_depth_rise_live(server: Server, browser: Browser)
     browser.wait(lambda d: depth(browser, "w2") == str(before + 1), 30)
     assert browser.driver.execute_script("return window.agentpostNoReload") == 1
     browser.shot("live-depth")
+
+
+# -- the pages, looked at (issue 22, section 5) -------------------------------------------------
+
+#: unix seconds of this century, as a page must never show them
+EPOCH = re.compile(r"\b1[6-9]\d{8}(?:\.\d+)?\b")
+#: the viewer's zone in these tests: times must read in it, not in UTC
+ZONE = "Europe/Berlin"
+
+
+def in_zone(b: Browser) -> None:
+    """The tab's clock in ZONE (Chromium's own override), as a viewer there sees it."""
+    b.driver.execute_cdp_cmd("Emulation.setTimezoneOverride", {"timezoneId": ZONE})
+
+
+def js(b: Browser, script: str, *args: Any) -> Any:
+    return b.driver.execute_script(script, *args)
+
+
+def human_times(b: Browser, where: str) -> int:
+    """No epoch seconds in the page's text; every <time> reads as a human time in ZONE (its
+    hour that of the viewer's zone, not UTC's), with the UTC time on hover."""
+    from zoneinfo import ZoneInfo
+
+    text = js(b, "return document.body.innerText")
+    assert not EPOCH.findall(text), f"{where} shows epoch seconds: {EPOCH.findall(text)[:3]}"
+    times = js(b, "return [...document.querySelectorAll('time[datetime]')].map(t => "
+                  "[t.getAttribute('datetime'), t.title, t.textContent])")
+    for iso, title, shown in times:
+        at = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+        assert title == at.strftime("%Y-%m-%d %H:%M:%S.") + iso[20:23] + " UTC", (where, title)
+        local = at.astimezone(ZoneInfo(ZONE)).strftime("%Y-%m-%d %H:%M:%S")
+        assert shown.startswith(local) and not shown.endswith("UTC"), (where, iso, shown)
+    return len(times)
+
+
+def test_times_are_human_in_the_viewers_zone_on_every_page(server: Server,
+                                                          browser: Browser) -> None:
+    seeded = server.seeded
+    pages = {"inbox": "/agentpost/inboxes/w1",
+             "envelope": f"/agentpost/envelopes/{server.sent['w1'][0]}",
+             "marks-space": f"/agentpost/marks?space={seeded.space}",
+             "mark": f"/agentpost/marks/{seeded.observation}?space={seeded.space}",
+             "commands": "/agentpost/commands",
+             "command-saga": f"/agentpost/commands/{seeded.saga_step}",
+             "consumed": f"/agentpost/inboxes/{seeded.consumed_inbox}/consumed",
+             "analytics": "/agentpost/analytics"}
+    in_zone(browser)
+    problems = []
+    for name, path in pages.items():
+        look(browser, path, f"times-{name}")
+        try:
+            assert human_times(browser, name) > 0, f"{name} shows no time"
+        except AssertionError as failed:
+            problems.append(str(failed))
+    assert not problems, problems
+    # the mark space's render clock: a time, not 1795765990.59
+    browser.open(f"/agentpost/marks?space={seeded.space}")
+    render = browser.wait_for("time#render-now")
+    assert float(render.get_attribute("data-now")) > 0 and not EPOCH.search(render.text)
+
+
+def test_agents_are_named_where_the_store_knows_the_name(server: Server,
+                                                        browser: Browser) -> None:
+    """The fleet's drivers by name in marks, intents and verdicts, never a cut id; the guard's
+    own agent by its name; an agent the store cannot name keeps its whole id on hover."""
+    seeded = server.seeded
+    look(browser, f"/agentpost/marks?space={seeded.space}", "marks-agents")
+    text = js(browser, "return document.body.innerText")
+    for name, ident in seeded.agents.items():
+        assert name in browser.css("table#intents").text, name
+        assert ident[:8] not in text, f"{name}'s id is shown cut: {ident[:8]}…"
+    verdicts = {row.get_attribute("data-agent"): row.text
+                for row in browser.all("table#verdicts tr[data-agent]")}
+    assert "driver-b" in verdicts[seeded.agents["driver-b"]]
+    assert "won" in verdicts[seeded.agents["driver-b"]]
+    assert "asked by markspace-guard" in browser.css("table#needs").text
+    poller = browser.css(f"code.agent.unnamed[data-agent-id='{seeded.poller}']")
+    assert seeded.poller in poller.get_attribute("title")
+
+
+def look(b: Browser, path: str, shot: str) -> None:
+    """Open a page and keep a screenshot of it as it first shows (before any assertion, so
+    a failing run still shows what was wrong)."""
+    b.open(path)
+    b.wait_for("main h1")
+    time.sleep(0.5)  # the charts' first frame
+    b.shot(shot)
+
+
+def chart_facts(b: Browser, chart_id: str) -> dict[str, Any]:
+    """What the uPlot chart in #chart_id shows: its x axis kind, scales, tick labels and
+    legend (agentpost.charts keeps each chart)."""
+    return js(b, """
+      const u = (agentpost.charts || {})[arguments[0]];
+      if (!u) return null;
+      const legend = [...u.root.querySelectorAll('.u-legend .u-series')];
+      const box = u.root.getBoundingClientRect();
+      return {xaxis: document.getElementById(arguments[0]).dataset.xaxis,
+              x: [u.scales.x.min, u.scales.x.max], y: [u.scales.y.min, u.scales.y.max],
+              ticks: u.axes[0]._values, data: u.data,
+              legend: legend.map(r => { const b = r.getBoundingClientRect();
+                                        return [r.textContent, b.width > 0 && b.height > 0
+                                                && b.left >= box.left - 1
+                                                && b.right <= box.right + 1]; })};
+    """, chart_id)
+
+
+def test_bar_charts_have_category_axes_and_whole_bars(server: Server,
+                                                      browser: Browser) -> None:
+    """Verdicts by outcome and the latency histogram are bar charts over categories (their
+    names on the x axis, every bar whole); a strength's y axis is its range, 0 to 1."""
+    seeded = server.seeded
+    mark = f"/agentpost/marks/{{}}?space={seeded.space}"
+    facts = {}
+    for path, shot, charts in [
+            (f"/agentpost/marks?space={seeded.space}", "marks-space",
+             {"outcome-chart": "outcomes"}),
+            ("/agentpost/inboxes/w1", "inbox-charts",
+             {"latency-chart": "histogram", "throughput-chart": "throughput"}),
+            (mark.format(seeded.observation), "mark", {"decay-chart": "decay"}),
+            (mark.format(seeded.superseded), "mark-superseded", {"decay-chart": "zero"})]:
+        look(browser, path, shot)
+        for chart, name in charts.items():
+            browser.shot(f"chart-{name}", f"#{chart}")
+            facts[name] = chart_facts(browser, chart)
+    outcomes = facts["outcomes"]
+    assert outcomes and outcomes["xaxis"] == "category", outcomes
+    assert outcomes["ticks"] == ["won", "won, acted", "lost", "no winner"]
+    assert outcomes["x"] == [-0.5, 3.5]  # half a slot beyond the last bar: never cut
+    assert outcomes["y"][0] == 0 and outcomes["y"][1] >= max(outcomes["data"][1])
+    hist = facts["histogram"]
+    assert hist["xaxis"] == "category" and hist["ticks"][-2:] == ["≤60 s", ">60 s"]
+    assert hist["x"] == [-0.5, len(hist["ticks"]) - 0.5]
+    assert facts["throughput"]["xaxis"] == "time"
+    assert facts["decay"]["y"] == [0, 1], facts["decay"]
+    # a superseded mark's strength is 0 throughout: still a 0-to-1 axis, not 0 to 100
+    assert set(facts["zero"]["data"][1]) == {0} and facts["zero"]["y"] == [0, 1], facts["zero"]
+
+
+def test_analytics_chart_spans_its_windows_and_shows_every_series(server: Server,
+                                                                  browser: Browser) -> None:
+    seeded = server.seeded
+    look(browser, "/agentpost/analytics", "analytics")
+    browser.shot("chart-analytics-latency", "#latency-chart")
+    facts = chart_facts(browser, "latency-chart")
+    assert facts, "no chart"
+    starts = [w.timestamp() for w in seeded.windows]
+    assert facts["xaxis"] == "time" and facts["data"][0] == starts
+    low, high = facts["x"]
+    day = 86_400
+    assert starts[0] - day <= low < starts[0] and starts[-1] < high <= starts[-1] + day, (
+        facts["x"], starts)
+    series = [name for name, _ in facts["legend"][1:]]
+    assert len(series) == 10 and all(shown for _, shown in facts["legend"]), facts["legend"]
+    note = browser.css("#latency-chart-note").text
+    assert "5 of its 10 inboxes are not charted" in note, note
+    browser.shot("analytics-agents", "table#analytics-agents")
+    agents = browser.css("table#analytics-agents").text
+    assert "driver-b" in agents and seeded.agents["driver-b"] not in agents
+
+    # one window only (a first run): its point sits inside a span of about a window, not at
+    # the edge of years of empty axis
+    conn = psycopg2.connect(server.store.dsn)
+    with conn, conn.cursor() as cur:
+        cur.execute("DELETE FROM agentpost.analytics_inbox_latency WHERE window_start < %s",
+                    (seeded.windows[-1],))
+    conn.close()
+    look(browser, "/agentpost/analytics", "analytics-one-window")
+    browser.shot("chart-analytics-one-window", "#latency-chart")
+    one = chart_facts(browser, "latency-chart")
+    low, high = one["x"]
+    assert one["data"][0] == starts[-1:] and low < starts[-1] < high and high - low <= 2 * day, (
+        one["x"], starts[-1])
+
+
+def test_command_states_have_their_own_colours(server: Server, browser: Browser) -> None:
+    seeded = server.seeded
+    look(browser, "/agentpost/commands", "command-states")
+
+    def colour(command_id: str) -> str:
+        chip = browser.css(f"tr[data-command='{command_id}'] td.state .chip")
+        return js(browser, "return getComputedStyle(arguments[0]).backgroundColor", chip)
+
+    assert colour(seeded.failed) != colour(seeded.executed)
+    look(browser, f"/agentpost/commands/{seeded.saga_step}", "saga-compensated")
+    browser.shot("saga-steps", "#saga-steps")
+    payment = browser.css("tr[data-step='payment']")
+    assert payment.get_attribute("data-compensation") == "not_needed"
+    assert "not needed" in payment.text and "pending" not in payment.text
+
+
+def test_a_rejected_inject_says_its_content_was_not_kept(server: Server,
+                                                         browser: Browser) -> None:
+    browser.open("/agentpost/inboxes/w2")
+    form = browser.wait_for("form#inject-form")
+    form.find_element("name", "type").send_keys("no-such-type")
+    form.find_element("name", "content").send_keys("typed by a person")
+    form.submit()
+    browser.wait_for("#confirm-button").click()
+    browser.wait_for("#rejection")
+    browser.shot("rejected-inject")
+    content = browser.css("td.content").text
+    assert "None" not in content and "not kept" in content, content
+
+
+def test_consumed_envelopes_are_reachable_from_their_inbox(server: Server,
+                                                           browser: Browser) -> None:
+    seeded = server.seeded
+    look(browser, f"/agentpost/inboxes/{seeded.consumed_inbox}", "inbox-consumed")
+    browser.shot("consumed-table", "table#consumed")
+    rows = browser.all("table#consumed tr[data-envelope]")
+    assert sorted(r.get_attribute("data-envelope") for r in rows) == sorted(seeded.consumed)
+    rows[0].find_element("css selector", "a").click()
+    assert "consumed" in browser.wait_for("ol#lifecycle").text
+    look(browser, f"/agentpost/inboxes/{seeded.consumed_inbox}/consumed", "consumed-list")
+    listed = [r.get_attribute("data-envelope")
+              for r in browser.all("table#consumed tr[data-envelope]")]
+    assert sorted(listed) == sorted(seeded.consumed)
 
 
 def test_airflows_browse_menu_shows_the_page_in_an_iframe(server: Server,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -84,6 +85,34 @@ def test_list_is_newest_first_with_filters_and_paging(web: Web, ledger: CommandL
     assert second.json()["next"] is None
     everything = client.get("/agentpost/api/commands", params={"state": "failed"}).json()
     assert failed in [c["command_id"] for c in everything["commands"]]
+
+
+def _badge(page: str, command_id: str) -> str:
+    """The class of a listed command's state badge."""
+    row = re.search(rf'<tr data-command="{command_id}">.*?<td class="state">'
+                    r'<span class="([^"]+)">(\w+)</span>', page, re.S)
+    assert row, command_id
+    return row[1]
+
+
+def test_each_state_has_its_own_badge(web: Web, ledger: CommandLedger) -> None:
+    """`failed` must not look like `executed`: a state's badge carries its tone (agentpost.css
+    colours each tone) and its name, in the list and on the command's page."""
+    executed = _run(ledger, "till", "badge-ok").command_id
+    failed = _run(ledger, "till", "badge-failed", _boom).command_id
+    waiting = _run(ledger, "till", "badge-waiting", auto_confirm=None).command_id
+    page = web.client("viewer").get("/agentpost/commands", params={"workspace": "till"}).text
+    badges = {cid: _badge(page, cid) for cid in (executed, failed, waiting)}
+    assert badges[executed] == "chip tone-ok state-executed"
+    assert badges[failed] == "chip tone-bad state-failed"
+    assert badges[waiting].startswith("chip tone-wait state-")
+    detail = web.client("viewer").get(f"/agentpost/commands/{failed}").text
+    assert '<td id="state"><span class="chip tone-bad state-failed">failed</span>' in detail
+    from agentpost.web.display import TONES
+
+    css = (Path(__file__).parents[1] / "plugins/agentpost/web/static/agentpost.css").read_text()
+    for tone in set(TONES.values()):
+        assert f".chip.tone-{tone} {{" in css, tone
 
 
 @pytest.mark.parametrize(("params", "message"), [
@@ -276,11 +305,14 @@ def test_saga_progress_on_a_step_command(web: Web, ledger: CommandLedger) -> Non
     steps = body["saga"]["steps"]
     assert [(s["name"], s["command_state"], s["compensation"]) for s in steps] == [
         ("flight", "compensated", "compensated"), ("hotel", "compensated", "compensated"),
-        ("payment", "failed", "pending")]
+        ("payment", "failed", "not_needed")]
     assert body["saga"]["state"] == "compensated"
     page = web.client("viewer").get(f"/agentpost/commands/{flight}").text
     assert re.findall(r'data-step="(\w+)" data-compensation="(\w+)"', page) == [
-        ("flight", "compensated"), ("hotel", "compensated"), ("payment", "pending")]
+        ("flight", "compensated"), ("hotel", "compensated"), ("payment", "not_needed")]
+    # a compensated saga's step that never executed has nothing to undo, and says so
+    payment = re.search(r'<tr data-step="payment".*?</tr>', page, re.S)[0]
+    assert "not needed" in payment and "pending" not in payment
     # the compensate command of a step links back to the same saga
     comp = ledger.recoveries(flight)[0].command_id
     assert web.client("viewer").get(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Iterator
+from datetime import UTC
 
 import pytest
 
@@ -75,6 +76,10 @@ def test_envelope_page_fields_and_lifecycle_in_order(web, st):
     assert field(page.text, "status") == "acknowledged, consumed"
     assert field(page.text, "content") == "do the thing"
     assert field(page.text, "in-reply-to") == "–"
+    # a human UTC time (the script localises it; the instant is in its datetime attribute)
+    created = st.get(eid).timestamp.astimezone(UTC)
+    assert field(page.text, "created") == created.strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert f'<time datetime="{created.isoformat(timespec="milliseconds")[:-6]}Z"' in page.text
     stored = st.get(eid)
     assert field(page.text, "originator") == stored.originator
     steps = timeline(page.text)
@@ -82,8 +87,9 @@ def test_envelope_page_fields_and_lifecycle_in_order(web, st):
     labels = [label for _, label in steps if label != "signal"]
     assert labels == ["created", "delivered", "leased", "nacked", "leased", "consumed"]
     assert "by agent-1 (attempt 1)" in page.text and "acked by agent-2" in page.text
-    times = re.findall(r"<time>([^<]+)</time>", page.text)
-    assert times == sorted(times)
+    ol = re.search(r'<ol class="timeline" id="lifecycle">(.*?)</ol>', page.text, re.S)[1]
+    times = re.findall(r'<time datetime="([^"]+)" title="([^"]+) UTC" data-ms="1">', ol)
+    assert len(times) == len(steps) and [t for t, _ in times] == sorted(t for t, _ in times)
 
 
 def test_thread_links_ancestors_and_replies(web, st):

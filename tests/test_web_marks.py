@@ -17,6 +17,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -256,6 +257,78 @@ def test_mark_page_charts_the_decay_law(web: Any, space: PostgresMarkSpace) -> N
     intent = web.client("viewer").get(f"/agentpost/marks/{ids['intent']}?space={space.space}")
     xs, ys = _json(intent.text, "decay-data")
     assert ys[0] == 1.0 and ys[-1] == 0.0 and xs[-1] == pytest.approx(T0 + 100 + 3 * 3600)
+
+
+#: unix seconds of this century, which a page must never show a person
+EPOCH = re.compile(r"\b1[6-9]\d{8}(?:\.\d+)?\b")
+
+
+def _visible(page: str) -> str:
+    """The text a person reads: no scripts (the embedded JSON), no tags or attributes."""
+    text = re.sub(r"<script\b.*?</script>", " ", page, flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", " ", text))
+
+
+def test_times_are_human_never_epoch_seconds(web: Any, space: PostgresMarkSpace) -> None:
+    """The mark space keeps unix seconds; the pages show a <time> with a human UTC time (the
+    script localises it), the exact instant in its datetime attribute."""
+    ids = _fill(space)
+    page = web.client("viewer").get(_url(space, scope="ops")).text
+    clock = re.search(r'<time id="render-now" data-now="([^"]+)" datetime="([^"]+)" '
+                      r'title="([^"]+)">([^<]+)</time>', page)
+    assert clock, "the render clock is not a <time>"
+    at = datetime.fromtimestamp(float(clock[1]), UTC)
+    assert clock[4] == at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert clock[2] == at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    assert not EPOCH.findall(_visible(page))
+    mark = web.client("viewer").get(f"/agentpost/marks/{ids['obs']}?space={space.space}").text
+    created = re.search(r'<tr data-field="created_at"><th>created at</th><td>(.*?)</td>',
+                        mark, re.S)[1]
+    assert datetime.fromtimestamp(T0, UTC).strftime("%Y-%m-%d %H:%M:%S") in created
+    assert "<time datetime=" in created
+    assert re.search(r'data-field="half_life"><th>half life</th><td>\s*10 min</td>', mark)
+    assert not EPOCH.findall(_visible(mark))
+
+
+def test_agents_are_named_where_the_store_knows_the_name(
+        web: Any, space: PostgresMarkSpace, module_dsn: str) -> None:
+    """An agent of a fleet (its id derived from space and name), an operator's agent given by
+    name, and the signed-in person are shown by name wherever a mark, intent or verdict
+    names them; an agent with a random id keeps its id (shortened, whole on hover)."""
+    from agentpost.operators.marks import stable_agent
+    from agentpost.protocol.fleet import AGENT_NAMESPACE
+
+    driver, clerk = f"{space.space}-driver", f"{space.space}-clerk"
+    with EnvelopeStore(module_dsn) as st:
+        for ws in (driver, clerk):
+            st.create_workspace("coordinator", workspace_id=ws)
+    fleet_agent = Agent(id=uuid.uuid5(AGENT_NAMESPACE, f"{space.space}/{driver}"), name=driver,
+                        scopes={"ops": ALL, "lot": ALL})
+    named = {driver: fleet_agent, clerk: stable_agent(clerk, {"ops": ALL, "lot": ALL}),
+             "human:viewer": Agent(id=uuid.uuid5(PEOPLE, "viewer"), name="human:viewer",
+                                   scopes={"ops": ALL})}
+    for agent in named.values():
+        space.write(agent, Observation(scope="ops", topic="disk"))
+    space.write(ALICE, Observation(scope="ops", topic="disk"))
+    guard = Guard(space)
+    guard.pre_action(fleet_agent, "lot", "spot-1", "park", 0.9)
+    guard.pre_action(named[clerk], "lot", "spot-1", "park", 0.4)
+    guard.resolve_deferred("lot", "spot-1")
+    page = web.client("viewer").get(_url(space)).text
+    text = _visible(page)
+    for name, agent in named.items():
+        assert f'<span class="agent" data-agent-id="{agent.id}"' in page, name
+        assert name in text and str(agent.id)[:8] not in text, name
+    for table in ("intents", "verdicts"):
+        body = re.search(rf'<table id="{table}">(.*?)</table>', page, re.S)[1]
+        assert driver in _visible(body) and clerk in _visible(body), table
+    unnamed = re.search(rf'<code class="agent unnamed" data-agent-id="{ALICE.id}" '
+                        r'title="([^"]+)">([^<]+)</code>', page)
+    assert unnamed and str(ALICE.id) in unnamed[1] and unnamed[2] == str(ALICE.id)[:8] + "…"
+    newest = re.search(r'<tr data-mark="([^"]+)"', page)[1]  # the clerk's intent
+    mark = web.client("viewer").get(f"/agentpost/marks/{newest}?space={space.space}").text
+    agent_field = re.search(r'data-field="agent_id">(.*?)</tr>', mark, re.S)[1]
+    assert clerk in _visible(agent_field) and str(named[clerk].id) in agent_field
 
 
 def _render_now_mark(page: str) -> float:

@@ -88,3 +88,25 @@ SELECT 'in', extract(epoch FROM date_trunc('minute', created_at))::bigint, count
 UNION ALL
 SELECT 'out', extract(epoch FROM date_trunc('minute', consumed_at))::bigint, count(*)
   FROM recent WHERE consumed_at >= now() - interval '1 hour' GROUP BY 2
+
+-- name: consumed
+-- A page of an inbox's consumed envelopes, newest first (by seq), below %(before)s. A backward
+-- walk of envelopes_delivered (the inbox's deliveries) bounded to %(walk)s rows, of which the
+-- consumed ones are kept: a page costs the same at any depth, even where waiting envelopes
+-- and dead letters lie between. One row always comes back: how many rows the walk read and
+-- the lowest seq it reached (where the next page goes on when the walk ran out before the
+-- page was full), then the page's envelope (NULLs when the walk found none).
+WITH walk AS (
+    SELECT e.id, e.seq, e.sender, e.type, e.priority, e.origin, e.created_at, e.consumed_at,
+           e.redeliveries, e.leases
+      FROM agentpost.envelopes e
+     WHERE e.recipient = %(ws)s AND e.delivered_at IS NOT NULL AND e.seq < %(before)s
+     ORDER BY e.seq DESC
+     LIMIT %(walk)s
+)
+SELECT w.walked, w.lowest, c.id, c.seq, c.sender, c.type, c.priority, c.origin, c.created_at,
+       c.consumed_at, c.redeliveries, c.leases
+  FROM (SELECT count(*) AS walked, min(seq) AS lowest FROM walk) w
+  LEFT JOIN LATERAL (SELECT * FROM walk WHERE walk.consumed_at IS NOT NULL
+                      ORDER BY walk.seq DESC LIMIT %(limit)s) c ON true
+ ORDER BY c.seq DESC

@@ -4,7 +4,6 @@ for links, the user, whether they may act, and their CSRF token for forms."""
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,23 +12,23 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
 from agentpost.web.auth import CSRF_FIELD, can_act, csrf_token, user_name
+from agentpost.web.display import agent_tag, duration, iso_utc, state_class, utc_text, when
 
 TEMPLATES = Path(__file__).with_name("templates")
 templates = Jinja2Templates(directory=str(TEMPLATES))
-
-
-def _when(value: Any) -> str:
-    if isinstance(value, datetime):
-        return value.isoformat(sep=" ", timespec="milliseconds")
-    return "" if value is None else str(value)
 
 
 def _as_json(value: Any) -> str:
     return json.dumps(value, default=str, indent=2, ensure_ascii=False)
 
 
-templates.env.filters["when"] = _when
+templates.env.filters["when"] = when
+templates.env.filters["utc"] = utc_text
+templates.env.filters["iso"] = iso_utc
+templates.env.filters["duration"] = duration
 templates.env.filters["pretty"] = _as_json
+templates.env.filters["state_class"] = state_class
+templates.env.globals["agent"] = agent_tag
 
 
 def root(request: Request) -> str:

@@ -21,14 +21,21 @@ from agentpost.store import EnvelopeStore
 from agentpost.store.queries import load_queries
 from agentpost.web.auth import require_viewer
 from agentpost.web.context import get_store
-from agentpost.web.render import page
+from agentpost.web.names import page_names
+from agentpost.web.render import page, root
 
 router = APIRouter(dependencies=[Depends(require_viewer)])
 Q = load_queries("agentpost.web", "analytics.sql")
+MARK_QUERIES = load_queries("agentpost.web", "marks.sql")
 Store = Annotated[EnvelopeStore, Depends(get_store)]
 
 ROWS = 200
 CHART_INBOXES = 5
+#: mark spaces whose agents' names the agent table may show
+NAMED_SPACES = 20
+#: the DAG that fills the tables and the one that writes the audit reports (dags/)
+ANALYTICS_DAG = "agentpost_trail_analytics"
+AUDIT_DAG = "agentpost_trail_audit"
 CHART_WINDOWS = 48
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
 
@@ -138,10 +145,28 @@ def analytics(store: EnvelopeStore) -> dict[str, Any]:
             "empty": not runs and not reports and not any(t["rows"] for t in tables.values())}
 
 
+def chart_view(data: dict[str, Any]) -> dict[str, Any]:
+    """What the page says around the latency chart: the window length (its x margin) and how
+    many inboxes of the latest window the chart leaves out."""
+    latency = data["tables"]["latency"]
+    if latency["window_start"] is None:
+        return {"window_s": 0, "shown": 0, "inboxes": 0}
+    return {"window_s": (latency["window_end"] - latency["window_start"]).total_seconds(),
+            "shown": len(data["chart"]["series"]) // 2, "inboxes": len(latency["rows"])}
+
+
+def _spaces(store: EnvelopeStore) -> list[str]:
+    return [r[0] for r in store.db.fetchall(MARK_QUERIES["spaces"],
+                                            {"cap": 1, "limit": NAMED_SPACES})]
+
+
 @router.get("/analytics")
 def analytics_page(request: Request, store: Store) -> Response:
+    data = analytics(store)
+    airflow = root(request).removesuffix("/agentpost")
     return page(request, "analytics.html", nav="analytics", columns=TABLES,
-                **analytics(store))
+                names=page_names(request, store, _spaces(store)), chart_view=chart_view(data),
+                analytics_dag=ANALYTICS_DAG, audit_dag=AUDIT_DAG, airflow=airflow, **data)
 
 
 @router.get("/api/analytics")

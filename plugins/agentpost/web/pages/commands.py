@@ -31,6 +31,7 @@ from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
 from agentpost.store.highway import recover_as_person
 from agentpost.store.queries import load_queries
+from agentpost.store.sagas import SagaView
 from agentpost.web import actions
 from agentpost.web.auth import Actor, require_viewer, user_name
 from agentpost.web.context import Store
@@ -170,14 +171,16 @@ def highway_options(view: CommandView, recoveries: list[CommandView]
 
 
 def _saga(store: EnvelopeStore, view: CommandView) -> dict[str, Any] | None:
-    """The saga a step or compensation command belongs to (its key names it)."""
+    """The saga a step or compensation command belongs to (its key names it), as the store's
+    `SagaView` reads it (a step's compensation settled: `not_needed` once it cannot come)."""
     key = view.idempotency_key
     if not key.startswith("saga:"):
         return None
     saga_id = key[5:].split("/", 1)[0]
     if not store.db.scalar(Q["saga_exists"], {"id": saga_id}):
         return None
-    return store.db.scalar(Q["saga"], {"id": saga_id})
+    return SagaView.model_validate(store.db.scalar(Q["saga"], {"id": saga_id})
+                                   ).model_dump(mode="json")
 
 
 def command_detail(store: EnvelopeStore, command_id: str) -> dict[str, Any]:

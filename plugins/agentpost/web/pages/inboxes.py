@@ -40,6 +40,13 @@ After = Annotated[str, Query(max_length=MAX_ID, description="list inboxes after 
 #: inboxes per page of the overview (each reads its stats sample), envelopes per table
 PAGE = 25
 MAX_ROWS = 100
+#: consumed envelopes: per page of their list, on the inbox page, and the rows one page's
+#: walk of the inbox's deliveries reads at most (inboxes.sql, `consumed`)
+CONSUMED_PAGE = 50
+CONSUMED_RECENT = 10
+CONSUMED_WALK = 5_000
+Before = Annotated[int | None, Query(ge=1, le=2**63 - 1,
+                                     description="consumed envelopes below this seq")]
 #: the throughput chart looks at this many of an inbox's most recent deliveries
 THROUGHPUT_SAMPLE = 10_000
 #: upper edges (ms) of the latency histogram's buckets; the last bucket is open
@@ -114,12 +121,18 @@ def inbox_stats(store: EnvelopeStore, ws: str) -> dict[str, Any]:
                            stats.lat_p50_ms, stats.lat_p95_ms, stats.dead_lettered)}
 
 
+def _short_ms(ms: int) -> str:
+    """A bucket edge as its axis label: ``500 ms``, ``2 s`` (short enough to fit under it)."""
+    return f"{ms} ms" if ms < 1000 else f"{ms / 1000:g} s"
+
+
 def latency_histogram(store: EnvelopeStore, ws: str) -> dict[str, Any]:
     """Enqueue → first lease of the recent sample, counted in LATENCY_EDGES_MS buckets."""
     counts = [0] * (len(LATENCY_EDGES_MS) + 1)
     for (ms,) in store.db.fetchall(Q["latencies"], {"ws": ws, "sample": STATS_SAMPLE}):
         counts[bisect_left(LATENCY_EDGES_MS, ms)] += 1  # the first bucket whose edge >= ms
-    labels = [f"≤{e} ms" for e in LATENCY_EDGES_MS] + [f">{LATENCY_EDGES_MS[-1]} ms"]
+    labels = [f"≤{_short_ms(e)}" for e in LATENCY_EDGES_MS] + [
+        f">{_short_ms(LATENCY_EDGES_MS[-1])}"]
     return {"x": list(range(len(counts))), "labels": labels, "counts": counts}
 
 
@@ -133,6 +146,28 @@ def throughput(store: EnvelopeStore, ws: str) -> dict[str, Any]:
         series[kind][minute] = n
     return {"x": minutes, "in": [series["in"].get(m, 0) for m in minutes],
             "out": [series["out"].get(m, 0) for m in minutes]}
+
+
+def consumed(store: EnvelopeStore, ws: str, before: int | None, limit: int) -> dict[str, Any]:
+    """A page of the inbox's consumed envelopes, newest first (by seq below `before`), and
+    where the next page starts: after the last one shown, or where the page's bounded walk
+    of the inbox's deliveries stopped (`next_before`, None at the end)."""
+    rows = store.db.fetchall(Q["consumed"], {"ws": ws, "before": before or 2**63 - 1,
+                                             "walk": CONSUMED_WALK, "limit": limit + 1})
+    walked, lowest = rows[0][:2]
+    keys = ("id", "seq", "from", "type", "priority", "origin", "created_at", "consumed_at",
+            "redeliveries", "leases")
+    items = [dict(zip(keys, r[2:], strict=True)) for r in rows if r[2] is not None]
+    if len(items) > limit:
+        items, next_before = items[:limit], items[limit - 1]["seq"]
+    else:
+        next_before = lowest if walked >= CONSUMED_WALK else None
+    return {"consumed": items, "next_before": next_before}
+
+
+def _recent_consumed(store: EnvelopeStore, ws: str) -> dict[str, Any]:
+    found = consumed(store, ws, None, CONSUMED_RECENT)
+    return {"consumed_rows": found["consumed"], "more_consumed": found["next_before"] is not None}
 
 
 def _json_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -164,6 +199,7 @@ def inbox_page(request: Request, ws: Ws, store: Store) -> Response:
                 info=inbox_stats(store, ws), waiting=waiting(store, ws),
                 dead=store.dead_letters(ws, limit=MAX_ROWS),
                 histogram=latency_histogram(store, ws), throughput=throughput(store, ws),
+                **_recent_consumed(store, ws),
                 priorities=[p.value for p in Priority], max_rows=MAX_ROWS)
 
 
@@ -173,6 +209,24 @@ def api_inbox(ws: Ws, store: Store) -> dict[str, Any]:
     info = inbox_stats(store, ws)
     return {"workspace_id": ws, "stats": info["stats"], "cells": info["cells"],
             "waiting": _json_rows(waiting(store, ws))}
+
+
+@router.get("/inboxes/{ws}/consumed")
+def consumed_page(request: Request, ws: Ws, store: Store, before: Before = None) -> Response:
+    """The inbox's consumed envelopes, a page at a time (``before=<seq>``: older ones)."""
+    workspace = store.workspace(ws)
+    found = consumed(store, ws, before, CONSUMED_PAGE)
+    return page(request, "consumed.html", nav="inboxes", ws=workspace, before=before,
+                page_size=CONSUMED_PAGE, consumed_rows=found["consumed"],
+                next_before=found["next_before"])
+
+
+@router.get("/api/inboxes/{ws}/consumed")
+def api_consumed(ws: Ws, store: Store, before: Before = None) -> dict[str, Any]:
+    store.workspace(ws)
+    found = consumed(store, ws, before, CONSUMED_PAGE)
+    return {"workspace_id": ws, "consumed": _json_rows(found["consumed"]),
+            "next_before": found["next_before"]}
 
 
 # -- actions (the human highway) --------------------------------------------------------------

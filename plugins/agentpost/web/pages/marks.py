@@ -16,7 +16,7 @@ import math
 import time
 from typing import Annotated, Any
 from urllib.parse import urlencode
-from uuid import NAMESPACE_URL, UUID, uuid5
+from uuid import UUID
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -44,6 +44,8 @@ from agentpost.store.queries import load_queries
 from agentpost.web.actions import confirm_then, form_fields
 from agentpost.web.auth import Actor, require_viewer, user_name
 from agentpost.web.context import Store, web_context
+from agentpost.web.names import PEOPLE as PEOPLE  # people's agent ids (docs/ui.md)
+from agentpost.web.names import page_names, person_id
 from agentpost.web.render import page
 
 router = APIRouter(dependencies=[Depends(require_viewer)])
@@ -65,8 +67,6 @@ SPACE_CAP = 10_000   # counts stop here ("10000+")
 SCOPE_CAP = 500
 MAX_ACTION_TEXT = 2000
 HORIZON = 7 * 86400.0  # the decay chart's longest span
-#: agent ids of people: uuid5 of their user name in this namespace (docs/ui.md)
-PEOPLE = uuid5(NAMESPACE_URL, "agentpost:human")
 RESOLVE_VERB = "resolve_need"
 OUTCOMES = ("won", "won, acted", "lost", "no winner")
 
@@ -294,6 +294,7 @@ def marks_page(request: Request, store: Store, space: str | None = None,
         return page(request, "marks.html", nav="marks", spaces=spaces)
     view = space_view(store, _space_arg(space), _scope_arg(scope), before, time.time())
     return page(request, "marks_space.html", nav="marks", done=done, **view,
+                names=page_names(request, store, [view["space"]]),
                 decay={m["id"]: m["decay"] for m in view["marks"]},
                 outcomes=[list(OUTCOMES), [view["verdicts"]["outcomes"][o] for o in OUTCOMES]])
 
@@ -321,6 +322,7 @@ def mark_page(request: Request, store: Store, mark_id: str,
               and v is not None}
     return page(request, "mark.html", nav="marks", space=name, mark=row, fields=fields,
                 body=row["body"], now=now, decay=terms,
+                names=page_names(request, store, [name]),
                 series=decay_series(terms, now))
 
 
@@ -343,7 +345,7 @@ class PersonSpace(PostgresMarkSpace):
 def person_agent(user: str, scope: str) -> Agent:
     """A person as a mark-space agent: a deterministic id per user name, allowed to write
     actions to the one scope it resolves a need in."""
-    return Agent(id=uuid5(PEOPLE, user), name=f"human:{user}", scopes={scope: (MarkType.ACTION,)})
+    return Agent(id=person_id(user), name=f"human:{user}", scopes={scope: (MarkType.ACTION,)})
 
 
 def _open_need(store: EnvelopeStore, space: str, need_id: UUID) -> dict[str, Any]:
