@@ -174,8 +174,9 @@ def run_suite(root: Path, workdir: Path, known: dict[str, str], dsn: str | None)
                                                        "known.json"))
     known_file.write_text(json.dumps(known))
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST_", "MARKSPACE_SUITE_")) and k != "PYTHONPATH"}
-    env.update(PYTHONPATH=str(ALIAS), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+           if not k.startswith(("PYTEST_", "MARKSPACE_SUITE_"))}
+    path = os.pathsep.join(p for p in (str(ALIAS), env.get("PYTHONPATH")) if p)
+    env.update(PYTHONPATH=path, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
                MARKSPACE_SUITE_KNOWN=str(known_file), MARKSPACE_SUITE_REPORT=str(report))
     if dsn is not None:
         env["MARKSPACE_SUITE_DSN"] = dsn
