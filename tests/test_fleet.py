@@ -8,6 +8,7 @@ Against the real store (a fresh database per test, tests/conftest.py).
 from __future__ import annotations
 
 import copy
+import importlib.util
 import select
 import time
 from pathlib import Path
@@ -281,6 +282,53 @@ def test_a_boundary_notifies_each_verdict(store: EnvelopeStore, dsn: str) -> Non
     assert run_boundary(dsn, fleet, resource="spot-7") == summary  # one resource: same verdicts
     with pytest.raises(InvalidInput, match="'weather' is not a deferred scope of fleet"):
         run_boundary(dsn, fleet, scopes=["weather"])
+
+
+def _parking_driver() -> Any:
+    """dags/agentpost_agents/parking.py's `park`, loaded from its file."""
+    path = ROOT / "dags" / "agentpost_agents" / "parking.py"
+    spec = importlib.util.spec_from_file_location("parking_example_driver", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.park
+
+
+def test_parked_drivers_leave_no_intent_for_the_boundaries(store: EnvelopeStore,
+                                                           dsn: str) -> None:
+    """The parking example (dags/fleet.yaml): activations and boundaries alternate until
+    every driver parks, the most confident first. A driver that parked withdraws its intents
+    on the other spots, so none is left for a boundary: a later one has nothing to decide,
+    where it used to record "no winner" on every spot an action held, until the intents'
+    two-hour TTL (Markspace P14 counts every active intent, P39 lets none win there)."""
+    from agentpost.factories.fleet import AgentContext
+
+    fleet = load_fleet(EXAMPLE)
+    apply(store, fleet)
+    park = _parking_driver()
+    drivers = ("driver-a", "driver-b", "driver-c")
+    space = PostgresMarkSpace(dsn=dsn, scopes=fleet.scopes, space=fleet.space)
+    try:
+        def activate(name: str) -> dict[str, Any]:
+            agent = fleet.agent(name)
+            return park(AgentContext(store=store, space=space, guard=Guard(space),
+                                     workspace_id=fleet.agent_def(name).workspace,
+                                     manifest=agent.manifest, agent=agent,
+                                     spec=fleet.agent_def(name), fleet=fleet))
+
+        rounds = []
+        for _ in range(4):
+            rounds.append([activate(name) for name in drivers])
+            rounds.append(run_boundary(dsn, fleet))
+        assert rounds[-2] == [{"parked": "spot-3"}, {"parked": "spot-1"}, {"parked": "spot-2"}]
+        assert rounds[-1] == []  # nothing pending: no boundary decides about parked drivers
+        assert space.active_marks(scope="parking", mark_type="intent") == []
+        assert [activate(name) for name in drivers] == rounds[-2]  # parking again is a no-op
+        assert {spot: [a.agent_id for a in space.claims("parking", spot)]
+                for spot in ("spot-1", "spot-2", "spot-3")} == {
+            "spot-1": [fleet.agent("driver-b").id], "spot-2": [fleet.agent("driver-c").id],
+            "spot-3": [fleet.agent("driver-a").id]}
+    finally:
+        space.close()
 
 
 def _notifications(conn: Any, count: int, within: float = 10.0) -> list[str]:

@@ -144,15 +144,20 @@ def test_p69_only_observations_and_only_their_content(make_space):
 
 def test_p70_reject_and_flag_leave_envelope_and_barrier_alone(make_space):
     """P70: a REJECT neither narrows the barrier nor reaches the envelope; a FLAG is one
-    write for the envelope (no extra record_attempt)."""
+    write for the envelope (`record`, as the package's post-write hook), never a
+    record_attempt (the spec's words: "A FLAG does not feed into record_attempt()")."""
     space = make_space([Scope(name="feed")])
     seen: list = []
 
     class Counting(StatisticalEnvelope):
-        """The envelope, noting every attempt the guard reports (P70's record_attempt)."""
+        """The envelope, noting every write and attempt the guard reports."""
+
+        def record(self, agent_id, mark, **kwargs):
+            seen.append(("record", mark.mark_type))
+            return super().record(agent_id, mark, **kwargs)
 
         def record_attempt(self, agent_id, *args, **kwargs):
-            seen.append(next(a for a in args if isinstance(a, MarkType)))
+            seen.append(("record_attempt", next(a for a in args if isinstance(a, MarkType))))
             return super().record_attempt(agent_id, *args, **kwargs)
 
     envelope = Counting()
@@ -165,7 +170,7 @@ def test_p70_reject_and_flag_leave_envelope_and_barrier_alone(make_space):
     flag = Guard(space, envelope=envelope,
                  content_policies=[Scripted("hm", PolicyVerdict.FLAG, [], reason="odd")])
     flag.write_mark(WRITER, obs())
-    assert seen == [MarkType.OBSERVATION]
+    assert seen == [("record", MarkType.OBSERVATION)]
     assert flag.get_barrier(WRITER.id) is None
 
 

@@ -49,6 +49,7 @@ from agentpost.marks import (
     trust_weight,
     validate_manifest_permissions,
     validate_pipeline,
+    winning_intent,
 )
 from agentpost.marks import space as space_module
 from agentpost.marks.core import (
@@ -188,7 +189,8 @@ def test_marks_are_deeply_frozen():
     with pytest.raises(TypeError):
         mark.content["a"].append(3)
     assert mark.content == {"a": [1, {"b": 2}]}
-    assert hash(mark) == hash(observation(content={"a": [1, {"b": 2}]}))
+    # equal fields, equal hash (each mark built in code has its own provisional id)
+    assert hash(mark) == hash(observation(content={"a": [1, {"b": 2}]}, id=mark.id))
     assert mark_from_record(mark.model_dump(mode="json")) == mark
 
 
@@ -314,7 +316,8 @@ def test_resolve_conflict_deterministic(intents, rnd):
 @given(intent_lists)
 def test_resolve_conflict_policies(intents):
     """P15: HIGHEST_CONFIDENCE picks the top confidence (earliest on ties); FIRST_WRITER
-    the earliest (created_at, id); YIELD_ALL no winner when there is a conflict (§6.1)."""
+    the earliest (created_at, id); YIELD_ALL names no winner (the principal decides, as in
+    the package), and its lone intent proceeds (§6.1 step 2: no conflict, `winning_intent`)."""
     best = resolve_conflict(intents, ConflictPolicy.HIGHEST_CONFIDENCE)
     top = max(i.confidence for i in intents)
     winner = next(i for i in intents if i.id == best)
@@ -322,8 +325,9 @@ def test_resolve_conflict_policies(intents):
     assert winner.created_at == min(i.created_at for i in intents if i.confidence == top)
     first = min(intents, key=lambda i: (i.created_at, i.id))
     assert resolve_conflict(intents, ConflictPolicy.FIRST_WRITER) == first.id
-    expected = intents[0].id if len(intents) == 1 else None
-    assert resolve_conflict(intents, ConflictPolicy.YIELD_ALL) == expected
+    assert resolve_conflict(intents, ConflictPolicy.YIELD_ALL) is None
+    lone = winning_intent(intents, ConflictPolicy.YIELD_ALL)
+    assert lone == (intents[0] if len(intents) == 1 else None)
     assert resolve_conflict([], ConflictPolicy.FIRST_WRITER) is None
 
 

@@ -1036,8 +1036,10 @@ def test_p30_mark_immutability(new_space, mark) -> None:
     resolution creates a new mark; decay, invalidation and supersession are computed at read
     time from immutable data. (The stored mark equals what was written, field for field.)"""
     with new_space.scoped([make_scope()]) as space:
+        written = mark.model_dump()
         stored = put(space, WRITER, mark)
-        assert mark.id is None
+        # the caller's mark is untouched: the space stored a copy with the id it assigned
+        assert mark.model_dump() == written and stored.id != mark.id
         for field in ("initial_strength", "scope", "created_at"):
             with pytest.raises((ValidationError, TypeError, AttributeError)):
                 setattr(stored, field, getattr(stored, field))

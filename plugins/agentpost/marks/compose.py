@@ -4,6 +4,8 @@ inputs and outputs, never of the mark space's contents (P53, P54).
 Readings chosen where the spec leaves room:
 
 - Both validators return a list of problems, one sentence each; an empty list means valid.
+  Each holds the package's words, which callers match on ("No connection", "no manifest",
+  "lacks write permission").
 - An output `(scope, mark_type)` feeds an input pattern when the pattern's scope is the
   output's scope or an ancestor of it (hierarchical, as for watch patterns) and the pattern's
   mark type is the same or unset. Topic and resource filters are ignored: outputs do not
@@ -59,7 +61,8 @@ def validate_pipeline(agents: list[Agent]) -> list[str]:
         return problems
     for producer, consumer in pairwise(agents):
         if not manifest_feeds(producer.manifest, consumer.manifest):
-            problems.append(f"no output of {producer.name!r} feeds an input of {consumer.name!r}")
+            problems.append(f"No connection: no output of {producer.name!r} feeds an input "
+                            f"of {consumer.name!r}")
     return problems
 
 
@@ -69,8 +72,8 @@ def validate_manifest_permissions(agent: Agent) -> list[str]:
     if agent.manifest is None:
         return []
     return [
-        f"agent {agent.name!r} declares {mark_type.value} output to {scope!r} "
-        "without write permission for it"
+        f"agent {agent.name!r} declares {mark_type.value} output to {scope!r} but lacks "
+        "write permission for it"
         for scope, mark_type in agent.manifest.outputs
         if not agent.can_write(scope, mark_type)
     ]

@@ -24,8 +24,8 @@ Readings chosen where the spec leaves room (also in docs/design.md):
 - Scope lists: an *empty* verb or topic list means "unrestricted"; `"*"` in a list also means
   "any" (§6.2.3). Topic lists default to `("*",)`, verb lists to `()`.
 - `resolve_conflict` returns the winner's id (spec: `resolve(intents) → winner_id`), or None
-  when there is no winner (no intents, or YIELD_ALL with more than one intent);
-  `winning_intent` returns the mark itself.
+  when there is no winner (no intents, or YIELD_ALL, as in the package); `winning_intent`
+  returns the mark itself, and under YIELD_ALL a lone intent (no conflict, §6.1 step 2).
 - Intent strength is full while `age <= ttl` and 0 after (P4 only needs 0 for t > ttl). A
   negative age (the clock was set back) counts as age 0, so decay never amplifies (P7).
 """
@@ -260,6 +260,7 @@ MarkPayload = Any
 Unit = Annotated[float, Field(ge=0.0, le=1.0)]
 Positive = Annotated[float, Field(gt=0.0)]
 
+
 _SCOPE_SEGMENT = re.compile(r"[^/\s]+")
 
 
@@ -302,11 +303,14 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 class Mark(BaseModel):
     """Fields every mark has (§2.1). `id`, `agent_id` and `created_at` are assigned by the
-    space on write; whatever the caller puts there is replaced."""
+    space on write; whatever the caller puts there is replaced. A mark built in code has a
+    random provisional `id` (as in the package), so the pure functions work on it before
+    it is written: `resolve_conflict` names a winner (P11, P12) and a Warning can point at
+    it (`invalidates`, P34); `agent_id` and `created_at` stay None until the write."""
 
     model_config = _FROZEN
 
-    id: UUID | None = None
+    id: UUID | None = Field(default_factory=uuid4)
     mark_type: MarkType
     agent_id: UUID | None = None
     scope: ScopeName
@@ -534,7 +538,8 @@ class TokenBudget(BaseModel):
     max_output_tokens_per_round: Annotated[int, Field(ge=0)] | None = None
     max_input_tokens_total: Annotated[int, Field(ge=0)] | None = None
     max_output_tokens_total: Annotated[int, Field(ge=0)] | None = None
-    warning_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.8
+    #: the warning comes before the hard stop (§9.10's runway), so strictly below 1
+    warning_fraction: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.8
 
 
 class WatchPattern(BaseModel):
@@ -587,7 +592,9 @@ class AgentManifest(BaseModel):
 
     inputs: tuple[WatchPattern, ...] = ()
     outputs: tuple[ManifestOutput, ...] = ()
-    schedule_interval: Positive | None = None
+    #: §14.1 schedules intervals > 0; like the package's, a manifest may carry 0 or a
+    #: negative one, which the Scheduler treats as "not scheduled" (finite, as every float)
+    schedule_interval: float | None = None
     expected_activity: JsonObject | None = None
     budget: TokenBudget | None = None
 
@@ -725,13 +732,14 @@ def authorize_write(agent: Agent, mark: Mark, scope: Scope) -> None:
         raise InvalidMark("a projected mark is a redacted copy and cannot be written")
     if not agent.can_write(mark.scope, mark.mark_type):
         raise UnauthorizedWrite(
-            f"agent {agent.name!r} may not write {mark.mark_type.value} marks to {mark.scope!r}"
+            f"agent {agent.name!r} is not authorized to write {mark.mark_type.value} marks "
+            f"to scope {mark.scope!r}"
         )
     check_scope_rules(mark, scope)
     if isinstance(mark, Observation) and _TRUST_RANK[mark.source] > _TRUST_RANK[agent.max_source]:
         raise UnauthorizedWrite(
-            f"agent {agent.name!r} (max_source {agent.max_source.value}) may not write "
-            f"observations with source {mark.source.value}"
+            f"agent {agent.name!r} (max_source={agent.max_source.value}) cannot write "
+            f"observations with source={mark.source.value}"
         )
 
 
@@ -878,7 +886,11 @@ def winning_intent(intents: Sequence[Intent], policy: ConflictPolicy) -> Intent 
 
 
 def resolve_conflict(intents: Sequence[Intent], policy: ConflictPolicy) -> UUID | None:
-    """`resolve(intents) → winner_id` (§6.4 P11): pure and deterministic."""
+    """`resolve(intents) → winner_id` (§6.4 P11): pure and deterministic. It settles a
+    conflict, so under YIELD_ALL it names nobody (the principal decides), as the package's;
+    a lone intent proceeds without it (§6.1 step 2, `winning_intent`)."""
+    if ConflictPolicy(policy) is ConflictPolicy.YIELD_ALL:
+        return None
     winner = winning_intent(intents, policy)
     return None if winner is None else winner.id
 

@@ -693,20 +693,15 @@ class StatisticalEnvelope:
             state = self._state(agent_id, opens_at=self._clock())
             state.detector.seed_baseline(per_window)
 
-    def record(self, agent_id: uuid.UUID, mark: AnyMark) -> None:
-        """Count a stored mark; the signature of a space write hook (``as_write_hook``)."""
-        if self.windowed:
+    def record(self, agent_id: uuid.UUID, mark: AnyMark, *, at: float | None = None) -> None:
+        """Count a written mark; the signature of a space write hook (``as_write_hook``).
+        ``at`` (ours) is the write's time, for a mark counted before the space stamps it
+        (the guard); default: the mark's ``created_at`` in our windowed reading, the
+        clock in the package's."""
+        if self.windowed and at is None:
             at = mark.created_at if mark.created_at is not None else 0.0
-            self.record_attempt(
-                agent_id,
-                mark.mark_type,
-                scope=mark.scope,
-                at=at,
-                topic=getattr(mark, "topic", None),
-            )
-            return
         topic = mark.topic if isinstance(mark, Observation | Warning) else None
-        self.record_attempt(agent_id, mark.mark_type, scope=mark.scope, topic=topic)
+        self._record(agent_id, mark.mark_type, mark.scope, at, topic)
 
     def record_attempt(
         self,
@@ -717,9 +712,16 @@ class StatisticalEnvelope:
         at: float | None = None,
         topic: str | None = None,
     ) -> None:
-        """Count one write attempt, stored or rejected (P64). ``scope`` names the flagged
-        scope of a finding, ``topic`` (with ``scope``) feeds the concentration check, ``at``
-        is the attempt's time (default: the clock)."""
+        """Count one write attempt that was refused (P64): a rejected attempt is activity
+        as much as a write (`record`). ``scope`` names the flagged scope of a finding,
+        ``topic`` (with ``scope``) feeds the concentration check, ``at`` is the attempt's
+        time (default: the clock)."""
+        self._record(agent_id, mark_type, scope, at, topic)
+
+    def _record(
+        self, agent_id: uuid.UUID, mark_type: MarkType, scope: str | None, at: float | None,
+        topic: str | None,
+    ) -> None:
         if agent_id in self.exempt_agents:
             return
         mark_type = MarkType(mark_type)

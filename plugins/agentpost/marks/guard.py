@@ -548,7 +548,7 @@ class Guard:
         own = board.own(agent.id)
         held = own if _same_plan(own, proposed) else None
         if held is None:
-            admitted = self._admit(agent, proposed.scope, MarkType.INTENT, None)
+            admitted = self._admit(agent, proposed)
             if isinstance(admitted, _Refusal):
                 return _denied(admitted)
             held = self._write_intent(agent, proposed, own, admitted)
@@ -969,22 +969,22 @@ class Guard:
         mark_id = self.space.write(agent, mark)
         if resource is not None and self.space.get_scope(scope).deferred:
             self.space.consume_grant(scope, resource, agent.id, mark_id)
-        self._after_fact(agent, scope, MarkType.ACTION)
+        self._after_fact(agent, mark)
         if earlier is not None:
             self._warn_superseded(earlier, mark_id, agent)
         return mark_id
 
-    def _after_fact(self, agent: Agent, scope: str, mark_type: MarkType) -> None:
+    def _after_fact(self, agent: Agent, mark: Mark) -> None:
         """Count a write the guard could not refuse (rate limit, envelope, telemetry)."""
         now = self.space.now()
-        scope_def = self.space.get_scope(scope)
+        scope_def = self.space.get_scope(mark.scope)
         self.rate_limiter.record(scope_def.name, agent.id, scope_def.rate_limit, now)
-        self._count_written(agent.id, scope, mark_type, "accepted")
+        self._count_written(agent.id, mark.scope, mark.mark_type, "accepted")
         if self.envelope is None:
             return
         self._register(agent)
-        self.envelope.record_attempt(agent.id, mark_type, scope=scope, at=now)
-        self._respond(agent, self.envelope.evaluate(agent.id, now), scope)
+        self.envelope.record(agent.id, mark, at=now)
+        self._respond(agent, self.envelope.evaluate(agent.id, now), mark.scope)
 
     def _warn_superseded(self, earlier: Action, new_id: UUID, agent: Agent) -> None:
         self._system_write(
@@ -1193,22 +1193,27 @@ class Guard:
         """The single enforcement boundary for observations, warnings and needs (§9.7):
         budget, barrier, scope rate limit and envelope, then ``space.write``. A rejection
         stores nothing (P42) and raises a `WriteRejected`; intents and actions raise
-        `GuardedMarkType` (a ValueError). Every call emits one telemetry event (P58)."""
+        `GuardedMarkType` (a ValueError). Every call emits one telemetry event (P58), with
+        the package's verdicts: "accepted"; "rejected" when a defence refused the write
+        ("content_rejected" for a content policy); "denied" when the mark or the space did
+        (unauthorized, unknown scope, bad mark, quota); "error" when the store failed. The
+        event of a refusal has its reason."""
         mark_type = getattr(mark, "mark_type", None)
         scope = getattr(mark, "scope", None)
         agent_id = getattr(agent, "id", None)
-        verdict, check, mark_id = "rejected", None, None
+        verdict, check, mark_id, reason = "denied", None, None, ""
         try:
             mark_id = self._write_mark(agent, mark)
             verdict = "accepted"
             return mark_id
         except WriteRejected as exc:
-            check = exc.check
-            if isinstance(exc, ContentPolicyError):
-                verdict = "content_rejected"
+            check, reason = exc.check, str(exc)
+            verdict = "content_rejected" if isinstance(exc, ContentPolicyError) else "rejected"
             raise
         except Exception as exc:
-            check = type(exc).__name__
+            check, reason = type(exc).__name__, str(exc)
+            if not isinstance(exc, MarkspaceError | ValueError):
+                verdict = "error"  # the store failed, not the write's checks
             raise
         finally:
             self._count_written(agent_id, scope, mark_type, verdict)
@@ -1220,29 +1225,30 @@ class Guard:
                 verdict=verdict,
                 check=check,
                 mark_id=mark_id,
+                reason=reason,
             )
 
     def _write_mark(self, agent: Agent, mark: Mark) -> UUID:
         _require_agent(agent)
         if isinstance(mark, Intent | Action):
             raise GuardedMarkType(
-                f"{mark.mark_type.value} marks go through pre_action/post_action, not write_mark"
+                f"Cannot write {mark.mark_type.value} via write_mark(): {mark.mark_type.value} "
+                "marks go through execute() or pre_action()/post_action()"
             )
         if not isinstance(mark, Mark):
             raise InvalidMark(f"expected a mark, got {type(mark).__name__}")
         refusal = self._budget_refusal(agent) or self._barrier_refusal(
             agent, mark.scope, (mark.mark_type,)
         )
-        topic = getattr(mark, "topic", None)
         if refusal is not None:
-            self._observe_rejected(agent, mark.scope, mark.mark_type, topic)
+            self._observe_rejected(agent, mark)
             raise _REJECTIONS[refusal.check](refusal.reason, refusal.check)
         scope_def = self.space.get_scope(mark.scope)  # UnknownScope before anything is counted
         reservation = self._reserve(agent, scope_def)
         screened = _Screened(mark=mark)
         if reservation.allowed and isinstance(mark, Observation) and self._content_policies:
             screened = self._screen(agent, mark, scope_def)  # REJECT raises: nothing stored
-        admitted = self._admit_reserved(agent, mark.scope, mark.mark_type, topic, reservation)
+        admitted = self._admit_reserved(agent, mark, reservation)
         if isinstance(admitted, _Refusal):
             raise _REJECTIONS[admitted.check](admitted.reason, admitted.check)
         if screened.flags:
@@ -1353,9 +1359,9 @@ class Guard:
                 return _Refusal(
                     check=GuardCheck.BARRIER,
                     reason=(
-                        f"agent {agent.name!r} may no longer write {MarkType(mark_type).value} "
-                        f"marks in scope {scope!r}: revoked by its barrier until the principal "
-                        "restores it"
+                        f"agent {agent.name!r} blocked by barrier: it may no longer write "
+                        f"{MarkType(mark_type).value} marks in scope {scope!r} until the "
+                        "principal restores it"
                     ),
                 )
         if MarkType.NEED in mark_types or not barrier.needs_required(scope):
@@ -1378,13 +1384,11 @@ class Guard:
             for mark in self._read(scope, mark_type=MarkType.NEED)
         )
 
-    def _admit(
-        self, agent: Agent, scope: str, mark_type: MarkType, topic: str | None
-    ) -> _Admission | _Refusal:
+    def _admit(self, agent: Agent, mark: Mark) -> _Admission | _Refusal:
         """Rate limit, then envelope, for one write about to happen. The reservation is
         undone when a later step refuses the write."""
-        reservation = self._reserve(agent, self.space.get_scope(scope))
-        return self._admit_reserved(agent, scope, mark_type, topic, reservation)
+        reservation = self._reserve(agent, self.space.get_scope(mark.scope))
+        return self._admit_reserved(agent, mark, reservation)
 
     def _reserve(self, agent: Agent, scope_def: Scope) -> RateDecision:
         return self.rate_limiter.reserve(
@@ -1392,15 +1396,15 @@ class Guard:
         )
 
     def _admit_reserved(
-        self, agent: Agent, scope: str, mark_type: MarkType, topic: str | None,
-        reservation: RateDecision,
+        self, agent: Agent, mark: Mark, reservation: RateDecision
     ) -> _Admission | _Refusal:
         """The envelope's look at a write whose rate-limit reservation is made (the
         envelope sees rate-limited attempts too, P64)."""
         now = self.space.now()
+        scope, mark_type = mark.scope, mark.mark_type
         scope_def = self.space.get_scope(scope)
         self._register(agent)
-        finding = self._observe(agent, scope, mark_type, topic, now)
+        finding = self._observe(agent, mark, now, refused=not reservation.allowed)
         if not reservation.allowed:
             return _Refusal(check=GuardCheck.RATE_LIMIT, reason=reservation.reason)
         refusal = self._envelope_refusal(agent, scope, mark_type, finding)
@@ -1420,24 +1424,33 @@ class Guard:
         return mark_id
 
     def _observe(
-        self, agent: Agent, scope: str, mark_type: MarkType, topic: str | None, now: float
+        self, agent: Agent, mark: Mark, now: float, *, refused: bool
     ) -> Finding | None:
+        """Count the write in the envelope and judge the agent. A write the guard goes on
+        with is counted as the write (``record``, what the package's post-write hook does),
+        before it is stored, so the write that trips the envelope is the one refused; one a
+        check refused first (barrier, budget, rate limit) is an attempt (``record_attempt``,
+        P64). A content policy's FLAG adds nothing to either (P70)."""
         if self.envelope is None:
             return None
-        self.envelope.record_attempt(agent.id, mark_type, scope=scope, at=now, topic=topic)
+        if refused:
+            self.envelope.record_attempt(
+                agent.id, mark.mark_type, scope=mark.scope, at=now,
+                topic=getattr(mark, "topic", None),
+            )
+        else:
+            self.envelope.record(agent.id, mark, at=now)
         finding = self.envelope.evaluate(agent.id, now)
-        self._respond(agent, finding, scope)
+        self._respond(agent, finding, mark.scope)
         return finding
 
-    def _observe_rejected(
-        self, agent: Agent, scope: str, mark_type: MarkType, topic: str | None
-    ) -> None:
+    def _observe_rejected(self, agent: Agent, mark: Mark) -> None:
         """A write the barrier or budget refused is still an attempt the envelope sees."""
         if self.envelope is None:
             return
         self._register(agent)
         with suppress(MarkspaceError):
-            self._observe(agent, scope, mark_type, topic, self.space.now())
+            self._observe(agent, mark, self.space.now(), refused=True)
 
     def _envelope_refusal(
         self, agent: Agent, scope: str, mark_type: MarkType, finding: Finding | None

@@ -640,6 +640,13 @@ class PostgresMarkSpace(SpaceBase):
         )
         return [_mark(row) for row in rows]
 
+    @property
+    def _marks(self) -> Mapping[UUID, Mark]:
+        """Every stored mark by id, in write order: a read-only snapshot standing in for the
+        in-memory space's (and the package's) private ``_marks`` dict, which code written
+        against the package reads. Loads the whole space: for tests and small spaces."""
+        return {mark.id: mark for mark in self.all_marks()}
+
     def __len__(self) -> int:
         return int(self._rows("count", {})[0][0])
 

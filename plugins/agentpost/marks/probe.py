@@ -302,8 +302,9 @@ class DiagnosticProbe:
             Need(
                 scope=self.scope,
                 question=(
-                    f"Agent {agent_name!r} acted without acknowledging its diagnostic canary: "
-                    "its instructions may have been overridden. Review before restoring it."
+                    f"Probe: agent {agent_name!r} COMPROMISED: it did not acknowledge its "
+                    "diagnostic canary, so its instructions may have been overridden. Review "
+                    "before restoring it."
                 ),
                 context={
                     "kind": "probe_compromised",

@@ -11,6 +11,8 @@ Readings chosen where the spec leaves room:
   cap lifts as the oldest counted write ages out (P65); the per-agent cap is checked first.
 - Counters are keyed by the *defining* scope's name: ``a/b`` without a definition of its own
   resolves to ``a`` and shares ``a``'s counters, as it shares its other settings.
+- Refusals start with the package's words ("Rate limit exceeded", "Fleet rate limit
+  exceeded"), which callers match on, and go on with ours (who, what cap, which window).
 - A write is counted when it is reserved (before the store) and released if the store then
   refuses it, so two threads cannot both take the last slot.
 - The counters live in the guard's process (like the envelope's statistics); several
@@ -79,16 +81,17 @@ class RateLimitTracker:
             if len(mine) >= agent_cap:
                 return RateDecision(
                     allowed=False, kind=RateLimitKind.AGENT,
-                    reason=(f"agent {agent_id} reached its limit of {agent_cap} writes per "
-                            f"{limit.window_seconds:g} s window in scope {scope!r}"))
+                    reason=(f"Rate limit exceeded: agent {agent_id} reached its limit of "
+                            f"{agent_cap} writes per {limit.window_seconds:g} s window in "
+                            f"scope {scope!r}"))
         fleet_cap = limit.max_total_writes_per_window
         if fleet_cap is not None:
             everyone = _prune(self._per_scope.setdefault(scope, deque()), start)
             if len(everyone) >= fleet_cap:
                 return RateDecision(
                     allowed=False, kind=RateLimitKind.FLEET,
-                    reason=(f"scope {scope!r} reached its fleet cap of {fleet_cap} writes per "
-                            f"{limit.window_seconds:g} s window"))
+                    reason=(f"Fleet rate limit exceeded: scope {scope!r} reached its fleet cap "
+                            f"of {fleet_cap} writes per {limit.window_seconds:g} s window"))
         return None
 
     def record(self, scope: str, agent_id: UUID, limit: ScopeRateLimit, now: float) -> None:

@@ -12,13 +12,16 @@ Readings chosen where the spec leaves room:
 - `mark_activated(agent)` records an activation at the clock's now, whether or not the agent
   was due (the caller ran it); an unregistered agent is ignored.
 - `register` of an agent already registered behaves as `update` (keeps the last activation);
-  an agent without manifest or interval is ignored by `register` (which returns False, as the
-  package's) and dropped by `update`.
+  an agent without manifest or interval, or with an interval <= 0, is ignored by `register`
+  (which returns False, as the package's) and dropped by `update`.
 - `pre_activation_check(agent)` (the package's hook, e.g. budget exhaustion) returns a reason
   to skip the agent, or None: a skipped agent is neither due nor marked activated.
 - Agents are identified by `agent.id`; the newest Agent object given is what `due` returns.
 - The background loop calls `on_due(agents)` when some are due; an exception from `on_due`
-  is logged and the loop keeps going. `start` while running is a no-op (as the package).
+  is logged and the loop keeps going. `start` while running is a no-op and `stop` while
+  stopped does nothing (as the package's), also when called from several threads at once.
+- The state has the package's attribute names, which its own tests read: `_entries` (agent
+  id -> `ScheduleEntry`), `_running` and `_thread`.
 """
 
 from __future__ import annotations
@@ -36,18 +39,24 @@ log = logging.getLogger(__name__)
 
 
 def interval_of(agent: Agent) -> float | None:
-    """The agent's `schedule_interval`, or None when it is not scheduled."""
-    return None if agent.manifest is None else agent.manifest.schedule_interval
+    """The agent's `schedule_interval`, or None when it is not scheduled (no manifest, no
+    interval, or an interval <= 0: §14.1 allows only intervals > 0)."""
+    interval = None if agent.manifest is None else agent.manifest.schedule_interval
+    return interval if interval is not None and interval > 0 else None
 
 
 @dataclass
-class _Schedule:
+class ScheduleEntry:
+    """One scheduled agent: its latest configuration, its interval and when it last ran
+    (None: never, so it is due at once)."""
+
     agent: Agent
-    interval: float
-    last: float | None = None
+    interval_seconds: float
+    last_activation: float | None = None
 
     def is_due(self, now: float) -> bool:
-        return self.last is None or now - self.last >= self.interval
+        last = self.last_activation
+        return last is None or now - last >= self.interval_seconds
 
 
 class Scheduler:
@@ -61,9 +70,12 @@ class Scheduler:
         self._clock = make_clock(_clock_of(clock))
         self._pre_activation_check = pre_activation_check
         self._lock = threading.Lock()
-        self._schedules: dict[UUID, _Schedule] = {}
+        self._entries: dict[UUID, ScheduleEntry] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._running = False
+        #: serializes start and stop (never held while the loop ticks)
+        self._lifecycle = threading.Lock()
 
     def now(self) -> float:
         return float(self._clock())
@@ -78,7 +90,7 @@ class Scheduler:
         _check_agent(agent)
         with self._lock:
             self._put(agent, keep_unscheduled=True)
-            return agent.id in self._schedules and interval_of(agent) is not None
+            return interval_of(agent) is not None
 
     def update(self, agent: Agent) -> None:
         """Take a new configuration of a registered agent, keeping its last activation so
@@ -89,52 +101,52 @@ class Scheduler:
 
     def _put(self, agent: Agent, keep_unscheduled: bool) -> None:
         interval = interval_of(agent)
-        current = self._schedules.get(agent.id)
+        current = self._entries.get(agent.id)
         if interval is None:
             if not keep_unscheduled:
-                self._schedules.pop(agent.id, None)
+                self._entries.pop(agent.id, None)
             return
-        last = None if current is None else current.last
-        self._schedules[agent.id] = _Schedule(agent, interval, last)
+        last = None if current is None else current.last_activation
+        self._entries[agent.id] = ScheduleEntry(agent, interval, last)
 
     def unregister(self, agent: Agent) -> None:
         with self._lock:
-            self._schedules.pop(agent.id, None)
+            self._entries.pop(agent.id, None)
 
     def scheduled(self) -> list[Agent]:
         with self._lock:
-            return [s.agent for s in self._schedules.values()]
+            return [s.agent for s in self._entries.values()]
 
     def last_activation(self, agent: Agent) -> float | None:
         with self._lock:
-            schedule = self._schedules.get(agent.id)
-            return None if schedule is None else schedule.last
+            schedule = self._entries.get(agent.id)
+            return None if schedule is None else schedule.last_activation
 
     def due(self) -> list[Agent]:
         """Agents whose interval has elapsed since their last activation (or never ran)."""
         now = self.now()
         with self._lock:
-            return [s.agent for s in self._schedules.values() if self._ready(s, now)]
+            return [s.agent for s in self._entries.values() if self._ready(s, now)]
 
     def mark_activated(self, agent: Agent) -> None:
         """Record that `agent` ran now."""
         now = self.now()
         with self._lock:
-            schedule = self._schedules.get(agent.id)
+            schedule = self._entries.get(agent.id)
             if schedule is not None:
-                schedule.last = now
+                schedule.last_activation = now
 
     def tick_all(self) -> list[Agent]:
         """`due()` and `mark_activated()` of each, as one step (no agent is handed out
         twice by concurrent ticks)."""
         now = self.now()
         with self._lock:
-            due = [s for s in self._schedules.values() if self._ready(s, now)]
+            due = [s for s in self._entries.values() if self._ready(s, now)]
             for schedule in due:
-                schedule.last = now
+                schedule.last_activation = now
             return [s.agent for s in due]
 
-    def _ready(self, schedule: _Schedule, now: float) -> bool:
+    def _ready(self, schedule: ScheduleEntry, now: float) -> bool:
         """Due by time, and not vetoed by the pre-activation check."""
         if not schedule.is_due(now):
             return False
@@ -150,34 +162,45 @@ class Scheduler:
         passing due agents to `on_due`. The only part that uses real time."""
         if isinstance(poll_interval, bool) or not poll_interval > 0:
             raise InvalidArgument("poll_interval must be > 0")
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._loop, args=(poll_interval, on_due), name="marks-scheduler", daemon=True
-        )
-        self._thread.start()
+        with self._lifecycle:
+            if self._running:
+                return
+            # each run has its own stop event: a loop a timed-out stop() left behind never
+            # wakes up again because a later start() cleared the event it watches
+            self._stop = threading.Event()
+            self._thread = threading.Thread(
+                target=self._loop, args=(poll_interval, on_due, self._stop),
+                name="marks-scheduler", daemon=True,
+            )
+            self._running = True
+            self._thread.start()
 
     def stop(self, *, timeout: float | None = 5.0) -> None:
-        """Stop the background loop and wait for it (at most `timeout` seconds)."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
+        """Stop the background loop and wait for it (at most `timeout` seconds); nothing
+        to do when it is not running."""
+        with self._lifecycle:
+            self._stop.set()
+            self._running = False
+            thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        """Started, not stopped, and its thread is alive."""
+        thread = self._thread
+        return self._running and thread is not None and thread.is_alive()
 
-    def _loop(self, poll_interval: float, on_due: Callable[[list[Agent]], None] | None) -> None:
-        while not self._stop.is_set():
+    def _loop(self, poll_interval: float, on_due: Callable[[list[Agent]], None] | None,
+              stop: threading.Event) -> None:
+        while not stop.is_set():
             agents = self.tick_all()
             if agents and on_due is not None:
                 try:
                     on_due(agents)
                 except Exception:
                     log.exception("scheduler on_due callback failed")
-            self._stop.wait(poll_interval)
+            stop.wait(poll_interval)
 
 
 def _clock_of(clock: object) -> ClockSpec:

@@ -428,7 +428,7 @@ def authorize(agent: Agent, mark: Mark, scope: Scope) -> None:
     if (isinstance(mark, Observation) and ceiling is not None
             and _SOURCE_RANK[Source(mark.source)] > _SOURCE_RANK[Source(ceiling)]):
         raise UnauthorizedWrite(
-            f"agent {agent.name!r} (max_source={Source(ceiling).value}) may not write "
+            f"agent {agent.name!r} (max_source={Source(ceiling).value}) cannot write "
             f"observations with source={Source(mark.source).value}"
         )
 
