@@ -11,7 +11,7 @@ import psycopg2.extensions
 import pytest
 from sqlalchemy.exc import SQLAlchemyError
 
-from agentpost.protocol.errors import AgentpostError
+from agentpost.protocol.errors import AgentpostError, InvalidInput
 from agentpost.store.db import Database
 from agentpost.store.server import libpq_dsn
 
@@ -48,5 +48,23 @@ def test_a_failed_first_connect_check_is_a_typed_error(restricted_dsn: str) -> N
             db.scalar("SELECT 1")
         assert not isinstance(raised.value, SQLAlchemyError | psycopg2.Error)
         assert "\n" not in str(raised.value) and "version" in str(raised.value)
+    finally:
+        db.dispose()
+
+
+@pytest.mark.parametrize("sql, params", [
+    ("SELECT %s", ("a\x00b",)),                    # psycopg2 refuses it before sending
+    ("SELECT %s", ("lone \ud800 surrogate",)),     # not encodable as UTF-8
+    ("SELECT %s::jsonb", ('{"k": "\\u0000"}',)),   # Postgres refuses it (22P05)
+])
+def test_text_the_store_cannot_hold_is_invalid_input(dsn: str, sql: str, params: tuple) -> None:
+    """Whatever boundary a parameter came through (a page's query string, a CLI argument, an
+    operator's field), text Postgres cannot hold is the caller's InvalidInput, never a raw
+    ValueError (a 500 at the page) or a StoreError (a 503); the connection stays usable."""
+    db = Database(libpq_dsn(dsn), None, pool_size=1)
+    try:
+        with pytest.raises(InvalidInput, match="text the store cannot hold"):
+            db.fetchall(sql, params)
+        assert db.scalar("SELECT 1") == 1
     finally:
         db.dispose()

@@ -65,7 +65,21 @@ def translate(exc: psycopg2.Error) -> AgentpostError:
         return StoreUnavailable(f"cannot reach the agentpost store: {first}")
     if code == "3F000" or code == "42P01":
         return ConfigurationError("the agentpost schema is missing: run `agentpost migrate`")
+    if code == "22P05":  # untranslatable_character: a \u0000 in jsonb, say
+        return InvalidInput(f"text the store cannot hold: {message}")
     return StoreError(f"the agentpost store failed ({code or 'no code'}): {message}")
+
+
+def unstorable(exc: ValueError) -> InvalidInput | None:
+    """InvalidInput for a parameter psycopg2 refused before sending it, because Postgres
+    text cannot hold it (a NUL byte, or a str with a lone surrogate); None for any other
+    ValueError. Every caller's parameters pass here, so none of them is a 500 or a
+    traceback, whichever boundary it came through."""
+    if isinstance(exc, UnicodeEncodeError):
+        return InvalidInput(f"text the store cannot hold: not valid Unicode ({exc.reason})")
+    if "NUL (0x00)" in str(exc):
+        return InvalidInput("text the store cannot hold: a NUL byte (0x00)")
+    return None
 
 
 class Database:
@@ -125,6 +139,11 @@ class Database:
             broken = fairy.driver_connection.closed != 0 or isinstance(
                 exc, psycopg2.OperationalError | psycopg2.InterfaceError)
             raise translate(exc) from None
+        except ValueError as exc:  # refused client-side: nothing was sent
+            refused = unstorable(exc)
+            if refused is None:
+                raise
+            raise refused from None
         finally:
             if broken:
                 fairy.invalidate()
