@@ -8,7 +8,10 @@ Against the real store (a fresh database per test, tests/conftest.py).
 from __future__ import annotations
 
 import copy
+import re
 import select
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,10 +27,19 @@ from agentpost.factories.maintenance import (
     save_checkpoint,
     verify_against_latest,
 )
-from agentpost.fleet import FleetConflict, FleetError, apply, fleet_from_dict, load_fleet, plan
+from agentpost.fleet import (
+    FleetConflict,
+    FleetError,
+    apply,
+    fleet_from_dict,
+    load_fleet,
+    parse_fleet,
+    plan,
+)
 from agentpost.marks import Action, Guard, Verdict
 from agentpost.marks.postgres import PostgresMarkSpace
 from agentpost.protocol.errors import InvalidInput
+from agentpost.protocol.fleet import MAX_DEPTH
 from agentpost.store import EnvelopeStore
 from dbtools import connect, rows
 
@@ -137,6 +149,62 @@ def test_yaml_problems_are_one_line_with_their_line(tmp_path: Path) -> None:
         assert str(caught.value).startswith(str(tmp_path / expected)), str(caught.value)
     with pytest.raises(FleetError, match=r"missing\.yaml: cannot read it: No such file"):
         load_fleet(tmp_path / "missing.yaml")
+
+
+def _nested(levels: int, *, block: bool = False) -> str:
+    """A fleet file nesting `levels` mappings and lists deep: the top mapping, `agents`, the
+    agent and its `config` are four, lists under the config the rest (flow style, or block
+    style mappings with `block`)."""
+    head = "name: deep\nagents:\n  - name: a\n    config:\n"
+    inner = levels - 4
+    if not block:
+        return head + "      x: " + "[" * inner + "1" + "]" * inner + "\n"
+    lines = [" " * (6 + 2 * i) + "k:" for i in range(inner)]
+    return head + "\n".join(lines) + "\n" + " " * (6 + 2 * inner) + "v: 1\n"
+
+
+def test_nesting_is_limited_to_max_depth_levels() -> None:
+    """A fleet as deep as MAX_DEPTH is a fleet; one level more is a one-line FleetError
+    naming the line where it goes too deep, whether read from YAML or given as a document."""
+    assert parse_fleet(_nested(MAX_DEPTH)).agents[0].config
+    assert fleet_from_dict(yaml.safe_load(_nested(MAX_DEPTH))).agents[0].config
+    with pytest.raises(FleetError) as caught:
+        parse_fleet(_nested(MAX_DEPTH + 1), "deep.yaml")
+    assert str(caught.value) == f"deep.yaml: line 5: nested deeper than {MAX_DEPTH} levels"
+    with pytest.raises(FleetError) as caught:
+        fleet_from_dict(yaml.safe_load(_nested(MAX_DEPTH + 1)), "deep.yaml")
+    assert str(caught.value) == f"deep.yaml: nested deeper than {MAX_DEPTH} levels"
+
+
+def test_a_document_sharing_nodes_is_walked_once_per_depth() -> None:
+    """YAML aliases share nodes: a document of 40 levels each naming the one below twice is
+    2**40 paths but 40 nodes, checked at once (and refused at 70 levels)."""
+    shared: Any = [1]
+    for _ in range(40):
+        shared = [shared, shared]
+    assert fleet_from_dict({"name": "wide", "agents": [{"name": "a", "config": {"x": shared}}]})
+    for _ in range(30):
+        shared = [shared, shared]
+    with pytest.raises(FleetError, match="nested deeper than"):
+        fleet_from_dict({"name": "wide", "agents": [{"name": "a", "config": {"x": shared}}]})
+
+
+@pytest.mark.parametrize("block", [False, True], ids=["flow", "block"])
+def test_the_cli_refuses_a_file_5000_levels_deep_in_one_line(tmp_path: Path,
+                                                              block: bool) -> None:
+    """`fleet show` (and `fleet apply`, before any store is opened) on a file nested 5,000
+    levels deep: exit 2 and one line on stderr, not a RecursionError's 3,000-line
+    traceback. Runs the real CLI in a process of its own."""
+    deep = tmp_path / "deep.yaml"
+    deep.write_text(_nested(5_000, block=block))
+    for args in (["fleet", "show", str(deep)],
+                 ["--dsn", "postgresql://nowhere.invalid/x", "fleet", "apply", str(deep)]):
+        done = subprocess.run([sys.executable, "-m", "agentpost.cli", *args],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert done.stdout == ""
+        assert re.fullmatch(rf"agentpost: {re.escape(str(deep))}: line \d+: nested deeper "
+                            rf"than {MAX_DEPTH} levels\n", done.stderr), done.stderr[-2000:]
 
 
 # -- applying ---------------------------------------------------------------------------------

@@ -47,6 +47,9 @@ from agentpost.marks.core import (
 from agentpost.protocol.errors import InvalidInput
 
 FORMAT_VERSION = 1
+#: how deeply a fleet file may nest (mappings and lists, the top level being 1); far beyond
+#: any real file, and well within what the YAML composer and later JSON encoders recurse into
+MAX_DEPTH = 64
 #: what the store defines before any fleet (sql/0001_registry.sql)
 BUILTIN_ROLES = ("coordinator", "worker", "observer")
 BUILTIN_TYPES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -267,9 +270,28 @@ class Fleet(BaseModel):
 # -- loading --------------------------------------------------------------------------------
 
 
+class _TooDeep(yaml.composer.ComposerError):
+    """A document nested deeper than MAX_DEPTH."""
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, refusing a mapping with the same key twice (PyYAML keeps the
-    last silently, which would hide half of a definition)."""
+    last silently, which would hide half of a definition) and nesting deeper than
+    MAX_DEPTH (PyYAML composes nodes recursively: 5,000 levels were a RecursionError)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.ScalarEvent, yaml.AliasEvent):  # no level of its own
+            return super().compose_node(parent, index)
+        if self._depth >= MAX_DEPTH:
+            raise _TooDeep(None, None, f"nested deeper than {MAX_DEPTH} levels",
+                           self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -305,7 +327,9 @@ def parse_fleet(text: str, source: str = "<fleet>") -> Fleet:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise FleetError(source, line, f"not valid YAML: {problem}") from None
+        if not isinstance(exc, _TooDeep):
+            problem = f"not valid YAML: {problem}"
+        raise FleetError(source, line, problem) from None
     return fleet_from_dict(data, source)
 
 
@@ -314,6 +338,8 @@ def fleet_from_dict(data: object, source: str = "<fleet>") -> Fleet:
     if not isinstance(data, Mapping):
         raise FleetError(source, "", "a fleet file is a mapping with name, roles, types, "
                          "workspaces, scopes and agents")
+    if _too_deep(data):
+        raise FleetError(source, "", f"nested deeper than {MAX_DEPTH} levels")
     try:
         fleet = Fleet.model_validate(data)
     except ValidationError as exc:
@@ -321,6 +347,26 @@ def fleet_from_dict(data: object, source: str = "<fleet>") -> Fleet:
         raise FleetError(source, _entry(data, first["loc"]), _problem(first)) from None
     fleet._source = source
     return checked(fleet)
+
+
+def _too_deep(data: object) -> bool:
+    """Whether `data` nests mappings and lists deeper than MAX_DEPTH, without recursing. A
+    node shared by several parents (a YAML alias) is walked again only when reached deeper
+    than before, so shared nodes cost no exponential walk."""
+    deepest: dict[int, int] = {}
+    stack: list[tuple[object, int]] = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if not isinstance(node, Mapping | list | tuple):
+            continue
+        if depth > MAX_DEPTH:
+            return True
+        if deepest.get(id(node), 0) >= depth:
+            continue
+        deepest[id(node)] = depth
+        children = node.values() if isinstance(node, Mapping) else node
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def checked(fleet: Fleet) -> Fleet:
@@ -530,6 +576,7 @@ __all__ = [
     "AGENT_NAMESPACE",
     "BUILTIN_ROLES",
     "BUILTIN_TYPES",
+    "MAX_DEPTH",
     "AgentDef",
     "EnvelopeOutput",
     "Fleet",
