@@ -38,10 +38,10 @@ from agentpost.fleet import (
 )
 from agentpost.marks import Action, Guard, Verdict
 from agentpost.marks.postgres import PostgresMarkSpace
-from agentpost.protocol.errors import InvalidInput
+from agentpost.protocol.errors import AgentpostError, InvalidInput
 from agentpost.protocol.fleet import MAX_DEPTH
 from agentpost.store import EnvelopeStore
-from dbtools import connect, rows
+from dbtools import all_rows, connect, rows
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "dags" / "fleet.yaml"
@@ -291,6 +291,75 @@ def test_dry_run_and_additions(store: EnvelopeStore) -> None:
     apply(store, fleet_from_dict(data, "fleet.yaml"))
     assert store.send("driver-a", "dispatch", "weather.update", "rain").status != "rejected"
     assert plan(store, fleet_from_dict(data, "fleet.yaml")).empty
+
+
+def _grown(parent: str = "weather-station") -> dict[str, Any]:
+    """The example plus a new role, type, workspace (under `parent`) and a subscribing agent:
+    one change of each kind, in the order apply makes them."""
+    data = example()
+    data["roles"].append({"name": "valet", "inherits": "worker"})
+    data["types"].append({"name": "valet.call", "senders": ["dispatcher"],
+                          "receivers": ["valet"]})
+    data["workspaces"].append({"id": "valet-1", "role": "valet", "parent": parent})
+    data["agents"].append({"name": "valet", "workspace": "valet-1",
+                           "scopes": {"parking": ["action"]},
+                           "inputs": [{"scope": "parking", "mark_type": "intent"}]})
+    return data
+
+
+def test_a_new_workspace_under_a_sealed_one_is_refused_by_the_plan(
+        store: EnvelopeStore, dsn: str, tmp_path: Path) -> None:
+    """A parent the store holds closed takes no children: the plan says so (a FleetConflict
+    naming the entry; exit 2 and one line from the real CLI), before the file's new role and
+    type are written. It used to pass the plan, write them, and fail on the workspace."""
+    apply(store, load_fleet(EXAMPLE))
+    store.transition("weather-station", "closed")
+    before = all_rows(dsn)
+    with pytest.raises(FleetConflict) as caught:
+        apply(store, fleet_from_dict(_grown(), "fleet.yaml"))
+    index = len(example()["workspaces"])
+    assert str(caught.value) == (
+        f"fleet.yaml: workspaces[{index}] (valet-1): the store's workspace 'weather-station', "
+        "its parent, is closed and cannot have new children")
+    assert all_rows(dsn) == before
+    grown = tmp_path / "grown.yaml"
+    grown.write_text(yaml.safe_dump(_grown()))
+    done = subprocess.run([sys.executable, "-m", "agentpost.cli", "--dsn", dsn, "fleet",
+                           "apply", str(grown)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1 and "cannot have new children" in done.stderr
+    assert all_rows(dsn) == before
+
+
+@pytest.mark.parametrize("table, check", [
+    ("workspaces", "id <> 'valet-1'"),
+    ("mark_subscriptions", "agent_id <> '{valet}'::uuid"),
+], ids=["workspace", "subscription"])
+def test_an_apply_failing_in_the_database_writes_nothing(
+        store: EnvelopeStore, dsn: str, table: str, check: str) -> None:
+    """docs/fleet.md: a fleet is applied whole or not at all. The database refuses one of
+    the planned changes (a constraint the plan knows nothing of, standing in for anything
+    that changed since the plan): every change before it is rolled back with it, the trail
+    included, and the store's rows are exactly what they were; once the database takes it,
+    the same apply goes through."""
+    apply(store, load_fleet(EXAMPLE))
+    fleet = fleet_from_dict(_grown(), "fleet.yaml")
+    conn = connect(dsn)
+    rows(conn, f"ALTER TABLE agentpost.{table} ADD CONSTRAINT refuse_valet"
+               f" CHECK ({check.format(valet=fleet.agent('valet').id)}) NOT VALID")
+    before = all_rows(dsn)
+    planned = [str(c) for c in plan(store, fleet).changes]
+    assert [c.split(":")[0] for c in planned] == [
+        "create role valet", "create type valet.call", "create workspace valet-1",
+        "create subscription valet"]
+    with pytest.raises(AgentpostError, match="refuse_valet"):
+        apply(store, fleet)
+    assert all_rows(dsn) == before
+    assert store.verify_trail().ok
+    rows(conn, f"ALTER TABLE agentpost.{table} DROP CONSTRAINT refuse_valet")
+    conn.close()
+    assert [str(c) for c in apply(store, fleet).changes] == planned
+    assert plan(store, fleet).empty and store.verify_trail().ok
 
 
 def test_cli_fleet_show_and_apply(dsn: str, tmp_path: Path,
