@@ -118,6 +118,17 @@ BAD = [
     ("workspaces.2.id", "driver-a", "workspaces[2] (driver-a): 'driver-a' is defined twice"),
     ("scopes.0.conflict_policy", "loudest", "scopes[0] (parking).conflict_policy: Input"),
     ("scopes.0.colour", "red", "scopes[0] (parking).colour: unknown field"),
+    # strict types: a quoted "yes" is not true, a number not a name, 1.0 not the version 1
+    ("workspaces.1.delegation", "yes", "workspaces[1] (driver-a).delegation: Input should "
+     "be a valid boolean"),
+    ("workspaces.1.delegation", 1, "workspaces[1] (driver-a).delegation: Input should be a"),
+    ("version", True, "version: Input should be 1, the integer, not bool"),
+    ("version", 1.0, "version: Input should be 1, the integer, not float"),
+    ("agents.1.expected_activity", {"observation": "6"}, "agents[1] (driver-b)."
+     "expected_activity.observation: Input should be a valid number"),
+    ("agents.0.read_scopes", [1], "agents[0] (driver-a).read_scopes[0]: Input should be a "
+     "valid string"),
+    ("workspaces.1.id", b"driver-a", "workspaces[1].id: Input should be a valid string"),
 ]
 
 

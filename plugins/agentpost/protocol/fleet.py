@@ -29,6 +29,9 @@ from pydantic import (
     Discriminator,
     Field,
     PrivateAttr,
+    StrictBool,
+    StrictFloat,
+    StrictStr,
     Tag,
     ValidationError,
     field_validator,
@@ -60,11 +63,13 @@ BUILTIN_TYPES: dict[str, tuple[tuple[str, str], ...]] = {
 #: agent ids are uuid5(this, "<space>/<agent name>"): the same in every process and run
 AGENT_NAMESPACE = UUID("0b6f3c5e-8a51-5d1e-9a3f-6c1d2e7f4a90")
 
+#: unknown keys refused; names are strings and flags booleans, never coerced (a quoted
+#: "yes" is not true, a !!binary value not a name)
 _STRICT = ConfigDict(extra="forbid", frozen=True)
-RoleName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9._-]*$", max_length=64)]
-Ident = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
+RoleName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z][A-Za-z0-9._-]*$", max_length=64)]
+Ident = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
 CallableRef = Annotated[
-    str, Field(pattern=r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$", max_length=200)
+    StrictStr, Field(pattern=r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$", max_length=200)
 ]
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _UNITS = {None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -121,7 +126,7 @@ class WorkspaceDef(BaseModel):
     role: RoleName
     parent: Ident | None = None
     originator: Ident = "system"
-    delegation: bool = False
+    delegation: StrictBool = False
 
 
 class InboxInput(BaseModel):
@@ -144,7 +149,7 @@ class EnvelopeOutput(BaseModel):
 class MarkOutput(BaseModel):
     model_config = _STRICT
 
-    scope: str
+    scope: StrictStr
     mark_type: MarkType
 
 
@@ -174,13 +179,13 @@ class AgentDef(BaseModel):
     id: UUID | None = None
     workspace: Ident | None = None
     scopes: dict[str, tuple[MarkType, ...]] = Field(default_factory=dict)
-    read_scopes: tuple[str, ...] = ()
+    read_scopes: tuple[StrictStr, ...] = ()
     inputs: tuple[Input, ...] = ()
     outputs: tuple[Output, ...] = ()
     schedule: float | Literal["reactive"] | None = None
     callable: CallableRef | None = None
     config: dict[str, Any] = Field(default_factory=dict)
-    expected_activity: dict[MarkType, float] = Field(default_factory=dict)
+    expected_activity: dict[MarkType, StrictFloat] = Field(default_factory=dict)
     budget: TokenBudget | None = None
 
     @field_validator("schedule", mode="before")
@@ -219,13 +224,21 @@ class Fleet(BaseModel):
 
     version: Literal[1] = FORMAT_VERSION
     name: Ident
-    space: Annotated[str, Field(min_length=1, max_length=200)] = "default"
+    space: Annotated[StrictStr, Field(min_length=1, max_length=200)] = "default"
     roles: tuple[RoleDef, ...] = ()
     types: tuple[TypeDef, ...] = ()
     workspaces: tuple[WorkspaceDef, ...] = ()
     scopes: tuple[Scope, ...] = ()
     agents: tuple[AgentDef, ...] = ()
     _source: str = PrivateAttr("<fleet>")
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, value: object) -> object:
+        """The integer 1: not true, 1.0 or "1" (a Literal compares equal to them)."""
+        if type(value) is not int:
+            raise ValueError(f"Input should be 1, the integer, not {type(value).__name__}")
+        return value
 
     @property
     def source(self) -> str:
