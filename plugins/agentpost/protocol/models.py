@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 
 class Priority(StrEnum):
@@ -74,7 +74,7 @@ class Right(_Frozen):
     """A port right carried in an envelope's `rights` field."""
 
     type: RightType
-    target: str
+    target: StrictStr
 
 
 class Payload(_Frozen):
@@ -84,15 +84,16 @@ class Payload(_Frozen):
 
 
 class Draft(_Frozen):
-    """What a caller asks to send. The runtime assigns everything else."""
+    """What a caller asks to send. The runtime assigns everything else. Text fields take
+    strings only (bytes are refused, not decoded), like the mapping form of a draft."""
 
-    sender: str = Field(alias="from")
-    to: str
-    type: str
-    content: str
-    format: str = "markdown"
-    attachments: tuple[str, ...] = ()
-    in_reply_to: str | None = None
+    sender: StrictStr = Field(alias="from")
+    to: StrictStr
+    type: StrictStr
+    content: StrictStr
+    format: StrictStr = "markdown"
+    attachments: tuple[StrictStr, ...] = ()
+    in_reply_to: StrictStr | None = None
     priority: Priority = Priority.NORMAL
     rights: tuple[Right, ...] = ()
 

@@ -34,7 +34,13 @@ from agentpost.protocol.models import (
     WorkspaceState,
 )
 from agentpost.protocol.registry import EnvelopeType, Permission, Role
-from agentpost.protocol.validation import DraftRow, draft_fields, normalize_draft, sanitize
+from agentpost.protocol.validation import (
+    DraftRow,
+    draft_fields,
+    normalize_draft,
+    required_fields_problem,
+    sanitize,
+)
 from agentpost.store.anchor import take_checkpoint
 from agentpost.store.checks import count as _count
 from agentpost.store.checks import name as _name
@@ -227,8 +233,7 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
             "attachments": json.dumps(row["attachments"], ensure_ascii=False),
             "in_reply_to": row["in_reply_to"], "priority": row["priority"],
             "keys": row["keys"], "timeout_ms": self._timeout_ms})
-        return SendResult(envelope_id=res["envelope_id"], status=res["status"],
-                          reason=res["reason"])
+        return self._result(draft, res)
 
     def send_many(self, drafts: Iterable[Mapping[str, Any] | Any]) -> list[SendResult]:
         """Send many envelopes in one call: one durable commit for the lot, then delivery.
@@ -288,10 +293,22 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
             dup = res is None
             if dup:
                 res = results[first[row.row["envelope_id"]]]
-            out.append(SendResult(envelope_id=res["envelope_id"], status=res["status"],
-                                  reason=res["reason"], detail=row.problem,
-                                  duplicate=dup or bool(res.get("duplicate"))))
+            out.append(self._result(row, res, duplicate=dup))
         return out
+
+    def _result(self, draft: DraftRow, res: Mapping[str, Any], *,
+                duplicate: bool = False) -> SendResult:
+        """The SendResult of `draft`; a rejection's detail says what was wrong, also when
+        the database found it (a required field missing: the type's fields are named)."""
+        detail = draft.problem
+        if detail is None and res["reason"] == RejectionReason.INVALID_STRUCTURE.value:
+            required = self.db.scalar("SELECT required_fields FROM agentpost.envelope_types"
+                                      " WHERE name = %s", (draft.row["type"],))
+            detail = required_fields_problem(draft.row["type"], required or (),
+                                             draft.row["keys"])
+        return SendResult(envelope_id=res["envelope_id"], status=res["status"],
+                          reason=res["reason"], detail=detail,
+                          duplicate=duplicate or bool(res.get("duplicate")))
 
     # -- receiving ----------------------------------------------------------------------
 
