@@ -8,8 +8,8 @@ unique index (chain, chain_seq): a long chain on its own cursor, short ones many
 With `workers` > 1 the spans are shared out by entry count among processes (the checks are
 CPU-bound Python and hold the GIL), each in a REPEATABLE READ transaction that imports the
 coordinator's exported snapshot, so every part sees the same trail. The rows under the
-trail are then checked in the coordinator's snapshot (store/row_checks.py): every row the
-entries read name must exist, and the rows signed under the trail (sql/0017: envelopes,
+trail are then checked in the coordinator's snapshot (store/row_checks.py): every row named
+by the entries read must exist, and the rows signed under the trail (sql/0017: envelopes,
 commands, routes) must be as signed: all of them, or since a checkpoint those that the new
 entries name.
 """
