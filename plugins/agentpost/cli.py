@@ -132,13 +132,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
               f"{_verified_since(result)}{_verified_anchor(result)}"
               + ("" if args.out is None else f"; its checkpoint written to {args.out}"))
         return 0
-    where = (f"entry #{result.failure_id}" if result.failure_id is not None
-             else "a removed entry")
-    print(f"trail verification FAILED at {where} (chain {result.failure_chain}, "
-          f"seq {result.failure_seq}): {result.failure}; {result.failures} failure(s) in all",
-          file=sys.stderr)
+    where = (f" at entry #{result.failure_id} (chain {result.failure_chain}, "
+             f"seq {result.failure_seq})" if result.failure_id is not None
+             else f" (chain {result.failure_chain})")
+    print(f"trail verification FAILED{where}: {result.failure}; {result.failures} "
+          f"failure(s) in all", file=sys.stderr)
     for mismatch in result.anchor_mismatches:
         print(f"  {mismatch.problem}", file=sys.stderr)
+    for row in result.missing_rows:
+        print(f"  missing row: {row.kind} {row.id} (named in chain {row.chain})",
+              file=sys.stderr)
     return EXIT_FAILED
 
 

@@ -207,6 +207,16 @@ class ChainMismatch(_Frozen):
     problem: str
 
 
+class MissingRow(_Frozen):
+    """A row the trail names that is gone (WACP §3 Integrity): deleted outright, bypassing
+    the store. `kind` is one of `protocol.named_rows.KINDS`; `chain` is a chain whose entries
+    name it."""
+
+    kind: str
+    id: str
+    chain: str
+
+
 class TrailVerification(_Frozen):
     """The result of checking every chain: the first failing entry (lowest trail id) is named
     by id, chain and sequence number, with what failed. Verified against an anchor (a
@@ -231,3 +241,5 @@ class TrailVerification(_Frozen):
     #: the signed checkpoint of the heads this run verified (None if it failed): keep it
     #: outside the database and give it as `since` to the next run
     checkpoint: dict[str, Any] | None = None
+    #: rows the trail names that are missing (the first MAX_NAMED_ROWS; each is a failure)
+    missing_rows: tuple[MissingRow, ...] = ()

@@ -52,7 +52,7 @@ from agentpost.store.leases import LeaseOps
 from agentpost.store.migrations import migrate
 from agentpost.store.queries import QUERIES
 from agentpost.store.rules import RuleOps
-from agentpost.store.verify import MAX_WORKERS
+from agentpost.store.verify import MAX_NAMED_ROWS, MAX_WORKERS
 from agentpost.store.verify import run as run_verification
 from agentpost.store.views import ViewOps
 
@@ -428,8 +428,10 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
                      since: AnchorLike | os.PathLike[str] | None = None,
                      workers: int = 1) -> TrailVerification:
         """Check the trail with the configured key (WACP §3 Integrity): every entry's hash,
-        signature, columns and link to the one before, gap-free sequence numbers, and every
-        row signed under the trail (envelopes, commands, routes) against its entries.
+        signature, columns and link to the one before, gap-free sequence numbers, that every
+        row the entries name exists (`missing_rows`: envelopes, commands, sagas and their
+        steps, rules, workspaces, routes, port rights, roles, types), and every row signed
+        under the trail (envelopes, commands, routes) against its entries.
 
         `anchor` (a `checkpoint()` as itself, its JSON text or dict, or a path to its file):
         also report every chain it names that is gone, shorter than it, or diverges.
@@ -438,14 +440,14 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
         what came after it. Each chain it names starts at its anchored head: that entry is
         re-read (hash, signature, columns) and must be the anchored one, and the next entry
         must link to it; a chain that is gone, shorter or diverges fails as with `anchor`;
-        chains created since are checked whole. Rows are compared for the envelopes,
-        commands and routes that the new entries name. What `since` does NOT check: entries
-        strictly before a head (an edit there that leaves the head entry intact is caught
-        only by a full run, or was by the run that verified the checkpoint: hence chain
-        each run on the checkpoint the previous run verified, never on one taken apart),
-        and rows that no new entry names (a row edited in the table later; an envelope whose
-        every new entry was cut off with the end of its chain). `workers` > 1 shares the
-        chains out among that many processes reading one exported snapshot.
+        chains created since are checked whole. The rows the new entries name must exist,
+        and the envelopes, commands and routes among them are compared. What `since` does
+        NOT check: entries strictly before a head (an edit there that leaves the head entry
+        intact is caught only by a full run, or was by the run that verified the checkpoint:
+        hence chain each run on the checkpoint the previous run verified, never on one taken
+        apart), and rows that no new entry names (a row edited or deleted in the table later; an
+        envelope whose every new entry was cut off with the end of its chain). `workers` > 1
+        shares the chains out among that many processes reading one exported snapshot.
 
         A malformed `anchor` or `since`, or one not signed with the trail key, raises
         InvalidAnchor before anything is read. A run that passes returns, as `checkpoint`,
@@ -472,7 +474,8 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
             failure_seq=None if first is None else first[2],
             failure=None if first is None else first[3],
             since_taken_at=None if start is None else start.taken,
-            checkpoint=None if verified is None else verified.to_dict(), **fields)
+            checkpoint=None if verified is None else verified.to_dict(),
+            missing_rows=tuple(out.missing[:MAX_NAMED_ROWS]), **fields)
 
 
 def _checkpoint_text(value: Any) -> Any:
