@@ -6,9 +6,6 @@ operators run inside real Airflow in tests/test_airflow_examples.py.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -406,6 +403,7 @@ agentpost_guard_refusals()
 '''
 
 
+@pytest.mark.slow
 def test_denied_fails_the_task_and_contention_follows_on_refused(
         office: EnvelopeStore, dsn: str, tmp_path: Any) -> None:
     """Issue 22: under dag.test(), a refusal caused by configuration fails the task even
@@ -414,21 +412,12 @@ def test_denied_fails_the_task_and_contention_follows_on_refused(
     Contention follows on_refused: CONFLICT skips by default and fails with "fail"; BLOCKED
     (a deferred scope before its boundary) skips. Before, every refusal was skipped, so a
     typo in a verb looked green."""
-    from test_airflow_examples import RUNNER
-    from test_airflow_inbox import airflow_env
+    from test_airflow_examples import run_dags
 
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    (dags / "agentpost_guard_refusals.py").write_text(GUARD_DAG)
-    (tmp_path / "runner.py").write_text(RUNNER)
-    runs = [{"name": "guard", "dag_id": "agentpost_guard_refusals"}]
-    proc = subprocess.run([sys.executable, str(tmp_path / "runner.py"), str(dags),
-                           json.dumps(runs)], env=airflow_env(tmp_path, dsn), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600, check=False)
-    output = proc.stdout + proc.stderr
-    found = [ln for ln in proc.stdout.splitlines() if ln.startswith("AGENTPOST-RESULT ")]
-    assert proc.returncode == 0 and found, output[-8000:]
-    result = json.loads(found[-1].removeprefix("AGENTPOST-RESULT "))["guard"]
+    results, output = run_dags(tmp_path, dsn, [{"name": "guard",
+                                                "dag_id": "agentpost_guard_refusals"}],
+                               extra={"agentpost_guard_refusals.py": GUARD_DAG}, examples=())
+    result = results["guard"]
     assert result["tasks"] == {
         "hold": "success", "conflict_skips": "skipped", "conflict_fails": "failed",
         "blocked_skips": "skipped", "verb_fails": "failed", "permission_fails": "failed",
