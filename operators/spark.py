@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,6 +34,19 @@ from agentpost.spark.settings import DEFAULT_JDBC_JAR
 from agentpost.web.links import TrailAnalyticsLink
 
 Job = Literal["analytics", "audit", "export"]
+
+
+def trail_window(dag_run: Any) -> tuple[datetime, datetime]:
+    """The window a run of a trail job covers by default: its data interval, or, for a run
+    that has none (triggered by hand with no logical date: the REST API's
+    ``logical_date: null``, the UI's trigger without a date), the last full UTC day before
+    it was triggered. A DAG makes it a macro (``user_defined_macros``) for its templates."""
+    start, end = dag_run.data_interval_start, dag_run.data_interval_end
+    if start is not None and end is not None:
+        return start, end
+    after = dag_run.run_after.astimezone(UTC)
+    midnight = after.replace(hour=0, minute=0, second=0, microsecond=0)
+    return midnight - timedelta(days=1), midnight
 
 
 class TrailJobOperator(SparkSubmitOperator):

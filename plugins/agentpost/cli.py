@@ -1,10 +1,12 @@
 """The `agentpost` command line.
 
-Every command finds its store the same way: ``--dsn``, else AGENTPOST_DSN, else Postgres
-discovery (a server on 127.0.0.1:5432, else the private cluster under ``.pg/``) with the
-database ``agentpost``, created and migrated on first use. Errors print one line to stderr and
-exit non-zero: 1 for a failed check (verify) or a rejected envelope, 2 for bad usage or input,
-3 when the store cannot be reached or is misconfigured.
+Every command finds its store the same way: ``--dsn``, else AGENTPOST_DSN, else the store of
+the `make demo` running from this checkout (`agentpost.demo_store`; a note on stderr says so),
+else Postgres discovery (a server on 127.0.0.1:5432, else the private cluster under ``.pg/``)
+with the database ``agentpost``, created and migrated on first use. Errors print one line to
+stderr and exit non-zero: 1 for a failed check (verify) or a rejected envelope, 2 for bad
+usage or input, 3 when the store cannot be reached or is misconfigured. An error about
+something missing (an unknown workspace, command, ...) names the store it looked in.
 """
 
 from __future__ import annotations
@@ -32,13 +34,44 @@ EXIT_STORE = 3
 DEFAULT_DATABASE = "agentpost"
 
 
+def store_dsn(args: argparse.Namespace) -> str:
+    """The DSN of the store the command works on (see the module docstring), remembered on
+    `args` so an error can name it; with the trail key a running demo published."""
+    if getattr(args, "store_dsn", None):
+        return args.store_dsn
+    dsn = args.dsn or os.environ.get("AGENTPOST_DSN")
+    if not dsn:
+        dsn = _demo_store(args) or _default_store()
+    args.store_dsn = dsn
+    return dsn
+
+
+def _demo_store(args: argparse.Namespace) -> str | None:
+    from agentpost.demo_store import running_demo_store
+    from agentpost.store.server import redact_dsn
+
+    demo = running_demo_store()
+    if demo is None:
+        return None
+    if not os.environ.get("AGENTPOST_TRAIL_KEY"):
+        args.trail_key = demo.trail_key
+    print(f"agentpost: using the store of the demo running here (pid {demo.pid}): "
+          f"{redact_dsn(demo.dsn)}", file=sys.stderr)
+    return demo.dsn
+
+
+def _default_store() -> str:
+    from agentpost.store.bootstrap import ensure_database
+
+    return ensure_database(DEFAULT_DATABASE)
+
+
 def _store(args: argparse.Namespace) -> Any:
     """The store the command works on (created and migrated when found by discovery)."""
     from agentpost.store import EnvelopeStore
-    from agentpost.store.bootstrap import ensure_database
 
-    dsn = args.dsn or os.environ.get("AGENTPOST_DSN") or ensure_database(DEFAULT_DATABASE)
-    return EnvelopeStore(dsn)
+    dsn = store_dsn(args)
+    return EnvelopeStore(dsn, trail_key=getattr(args, "trail_key", None))
 
 
 def _print_json(value: Any) -> None:
@@ -202,11 +235,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.airflow:
         from agentpost.airflow_demo import run_airflow_demo
 
-        return run_airflow_demo(dsn=args.dsn)
+        return run_airflow_demo(dsn=args.dsn, dags_folder=args.dags_folder)
     if args.headless:
         from agentpost.airflow_demo import run_headless_demo
 
-        return run_headless_demo(dsn=args.dsn)
+        return run_headless_demo(dsn=args.dsn, dags_folder=args.dags_folder)
+    if args.dags_folder is not None:
+        raise InvalidInput("--dags-folder is for the Airflow demos (--airflow, --headless); "
+                           "the terminal demo plays no DAGs")
     from agentpost.demo import run_demo
 
     return run_demo(dsn=args.dsn)
@@ -253,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="run the example DAGs on `airflow standalone` until Ctrl-C")
     mode.add_argument("--headless", action="store_true",
                       help="run the example DAGs with dag.test(), no servers")
+    demo.add_argument("--dags-folder", metavar="DIR",
+                      help="the DAGs and fleet.yaml the Airflow demos play (default: dags/ "
+                           "of the agentpost checkout this runs in)")
     demo.set_defaults(func=cmd_demo)
 
     ws = sub.add_parser("workspace", help="create, move or list workspaces")
@@ -359,6 +398,17 @@ _EXIT_CODES: Sequence[tuple[type[Exception], int]] = (
 )
 
 
+def _where(args: argparse.Namespace, exc: AgentpostError) -> str:
+    """For something missing: the store it was looked for in (its DSN without a password),
+    since "unknown workspace" in the wrong database is the usual first-hour puzzle."""
+    dsn = getattr(args, "store_dsn", None)
+    if not isinstance(exc, NotFound) or not dsn:
+        return ""
+    from agentpost.store.server import redact_dsn
+
+    return f" (in the store {redact_dsn(dsn)})"
+
+
 def _one_line_warning(message: Warning | str, *args: object, **kwargs: object) -> str:
     return f"agentpost: warning: {message}\n"
 
@@ -371,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except AgentpostError as exc:
         message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        print(f"agentpost: {message}", file=sys.stderr)
+        print(f"agentpost: {message}{_where(args, exc)}", file=sys.stderr)
         return next(code for kind, code in _EXIT_CODES if isinstance(exc, kind))
     except KeyboardInterrupt:
         return 130
