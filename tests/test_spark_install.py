@@ -44,12 +44,17 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
-def pyspark_files(site: Path) -> None:
-    """This environment's pyspark (its Python files and dist-info; its jars linked)."""
-    package = Path(next(iter(find_spec("pyspark").submodule_search_locations)))
-    _copy_tree(package, site / "pyspark")
+PACKAGE = Path(next(iter(find_spec("pyspark").submodule_search_locations)))
+
+
+def pyspark_files(site: Path, *, jars: bool = True) -> None:
+    """This environment's pyspark: its Python files, and its dist-info and jars (linked)
+    unless `jars` is false (Python files alone, as beside a separate Spark)."""
+    _copy_tree(PACKAGE, site / "pyspark")
+    if not jars:
+        return
     if not (site / "pyspark" / "jars").exists():
-        (site / "pyspark" / "jars").symlink_to(package / "jars")
+        (site / "pyspark" / "jars").symlink_to(PACKAGE / "jars")
     info = f"pyspark-{PYSPARK}.dist-info"
     _copy_tree(Path(metadata.distribution("pyspark").locate_file(info)), site / info)
 
@@ -60,12 +65,13 @@ def client_files(site: Path, client: Path) -> None:
             _copy_tree(entry, site / entry.name)
 
 
-def problem(site: Path) -> str | None:
+def problem(site: Path, spark_home: Path | None = None) -> str | None:
     """install.problem() with `site` as the only place packages come from (-S: no
     site-packages), agentpost from the source tree."""
     code = "from agentpost.spark import install; print(install.problem())"
+    env = {"PYTHONPATH": f"{site}:{REPO / 'plugins'}", "PATH": "/usr/bin:/bin"}
     out = run([sys.executable, "-S", "-c", code],
-              env={"PYTHONPATH": f"{site}:{REPO / 'plugins'}", "PATH": "/usr/bin:/bin"})
+              env={**env, **({"SPARK_HOME": str(spark_home)} if spark_home else {})})
     line = out.stdout.strip()
     return None if line == "None" else line
 
@@ -98,6 +104,19 @@ def test_pyspark_client_alone_cannot_run_the_jobs(tmp_path: Path, client: Path) 
     client_files(tmp_path, client)
     assert problem(tmp_path) == ("only pyspark-client (the Spark Connect client) is installed, "
                                  f"not pyspark, which the jobs need: {INSTALL}")
+
+
+def test_a_separate_spark_in_spark_home_decides(tmp_path: Path, client: Path) -> None:
+    """Beside a Spark that SPARK_HOME names (spark-submit sets it), pyspark's Python files
+    must match that Spark; pyspark-client's alone do when their versions agree."""
+    pyspark_files(tmp_path, jars=False)
+    assert problem(tmp_path, spark_home=PACKAGE) is None
+    client_files(tmp_path, client)
+    assert problem(tmp_path, spark_home=PACKAGE) == (
+        f"pyspark is mixed: its Python files are {CLIENT} (pyspark-client {CLIENT} overwrote "
+        f"them), Spark's JVM is {PYSPARK}: {REINSTALL}")
+    assert problem(tmp_path, spark_home=tmp_path) == (
+        f"SPARK_HOME ({tmp_path}) has no Spark jars: point it at a Spark {CLIENT}")
 
 
 def test_without_pyspark_the_jobs_say_what_to_install(tmp_path: Path) -> None:

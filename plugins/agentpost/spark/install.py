@@ -3,9 +3,10 @@
 The jobs need the `spark` extra: pyspark, whose wheel carries Spark's JVM (the jars), and the
 Apache Spark provider. The provider also requires pyspark-client, the Spark Connect client,
 which installs its Python files into the same `pyspark` directory: whichever of the two pip
-installs last wins, and `pip check` sees nothing wrong. pyspark-client's files beside another
-version's JVM fail deep inside py4j, so a job refuses such an install at start, in one line
-that names the fix. Nothing here imports pyspark (it may be missing or mixed).
+installs last wins, and `pip check` sees nothing wrong. Spark pairs its Python side only with
+the JVM of its own version; another pairing may work for a while and then break inside py4j,
+far from its cause. So a job refuses it at start, in one line that names the fix. Nothing here
+imports pyspark (it may be missing or mixed).
 """
 
 from __future__ import annotations
@@ -51,19 +52,20 @@ def _jvm_version(package_dir: Path) -> str | None:
 
 def problem() -> str | None:
     """What keeps this environment from running the Spark jobs, in one line naming the fix;
-    None when pyspark is installed and its Python files match Spark's JVM."""
+    None when pyspark's Python files match Spark's JVM (the pyspark wheel's jars, or those of
+    a Spark that SPARK_HOME names, beside which pyspark-client's files alone are enough)."""
     spec = find_spec("pyspark")
     if spec is None or not spec.submodule_search_locations:
         return f"pyspark is not installed: {INSTALL}"
-    if _dist_version("pyspark") is None:
-        return (f"only pyspark-client (the Spark Connect client) is installed, not pyspark, "
-                f"which the jobs need: {INSTALL}")
     package_dir = Path(next(iter(spec.submodule_search_locations)))
     python, jvm = _python_files_version(package_dir), _jvm_version(package_dir)
+    spark_home = os.environ.get("SPARK_HOME")
+    if jvm is None and spark_home:
+        return f"SPARK_HOME ({spark_home}) has no Spark jars: point it at a Spark {python}"
+    if jvm is None and _dist_version("pyspark") is None:
+        return (f"only pyspark-client (the Spark Connect client) is installed, not pyspark, "
+                f"which the jobs need: {INSTALL}")
     if jvm is None:
-        if os.environ.get("SPARK_HOME"):
-            return (f"SPARK_HOME ({os.environ['SPARK_HOME']}) has no Spark jars: point it at "
-                    f"a Spark {python} or unset it")
         return ("pyspark has no Spark jars: pip install --no-deps --force-reinstall "
                 f'"pyspark=={metadata.version("pyspark")}"')
     if python != jvm:
@@ -76,4 +78,5 @@ def problem() -> str | None:
 
 def summary() -> str:
     """The line `agentpost spark check` prints for a usable install."""
-    return f"pyspark {metadata.version('pyspark')}: Python files and Spark's JVM agree"
+    package_dir = Path(next(iter(find_spec("pyspark").submodule_search_locations)))
+    return f"pyspark {_python_files_version(package_dir)}: Python files and Spark's JVM agree"
