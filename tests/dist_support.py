@@ -32,6 +32,17 @@ def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+def tracked_files(root: Path = REPO) -> list[str]:
+    """The repository's files, relative to `root`: what git tracks in a checkout, else (an
+    unpacked sdist, which is the repository: MANIFEST.in) the sdist's own file list."""
+    if (root / ".git").exists():
+        out = run(["git", "ls-files"], cwd=root).stdout.splitlines()
+    else:
+        (sources,) = root.glob("*.egg-info/SOURCES.txt")
+        out = sources.read_text().splitlines()
+    return [name for name in out if (root / name).is_file()]
+
+
 def copy_source(target: Path) -> Path:
     """A copy of the working tree at `target`, without what git ignores here."""
     shutil.copytree(REPO, target, ignore=IGNORE)

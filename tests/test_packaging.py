@@ -12,7 +12,6 @@ import email
 import json
 import os
 import re
-import subprocess
 import sys
 import sysconfig
 import tarfile
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from dist_support import REPO, build_sdist, build_wheel, copy_source
+from dist_support import REPO, build_sdist, build_wheel, copy_source, tracked_files
 from dist_support import run as _run
 
 # source directory -> where its files land in the wheel
@@ -175,12 +174,6 @@ def test_the_pypi_description_has_no_relative_links(wheel: Path) -> None:
     assert 'pip install "apache-airflow==' in meta.get_payload()  # the pinned install
 
 
-def _tracked() -> list[str]:
-    out = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
-                         check=True).stdout
-    return [f for f in out.splitlines() if (REPO / f).is_file()]
-
-
 @pytest.fixture(scope="module")
 def sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("sdist")
@@ -192,7 +185,7 @@ def test_the_sdist_is_the_repository(sdist: Path) -> None:
     nothing of a local tree (caches, virtualenvs, bytecode) is."""
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    missing = sorted(set(_tracked()) - names)
+    missing = sorted(set(tracked_files()) - names)
     assert not missing, f"not in the sdist (MANIFEST.in): {missing}"
     junk = sorted(n for n in names if re.search(r"(^|/)(__pycache__|\.venv|\.pg)(/|$)|\.pyc$", n))
     assert not junk, junk
@@ -201,8 +194,8 @@ def test_the_sdist_is_the_repository(sdist: Path) -> None:
 
 @pytest.mark.slow
 def test_the_tests_run_from_the_unpacked_sdist(sdist: Path, tmp_path: Path) -> None:
-    """Every test module, helper imports included, collects from the unpacked sdist; a quick
-    module runs there (against that tree)."""
+    """Every test module, helper imports included, collects from the unpacked sdist, and the
+    tests that read the repository's file list run there (against that tree, with no git)."""
     with tarfile.open(sdist) as tar:
         tar.extractall(tmp_path, filter="data")
     (unpacked,) = tmp_path.iterdir()
@@ -211,6 +204,10 @@ def test_the_tests_run_from_the_unpacked_sdist(sdist: Path, tmp_path: Path) -> N
                       "-p", "no:cacheprovider"], cwd=unpacked, env=env).stdout
     modules = {line.split("::", 1)[0] for line in collected.splitlines() if "::" in line}
     assert modules == {f"tests/{p.name}" for p in (unpacked / "tests").glob("test_*.py")}
+    # the tests that read the repository's file list (git's in a clone, the sdist's here)
     _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-          "tests/test_packaging.py::test_every_package_directory_is_declared"],
+          "tests/test_packaging.py::test_every_package_directory_is_declared",
+          "tests/test_packaging.py::test_the_sdist_is_the_repository",
+          "tests/test_docs_standalone.py",
+          "tests/test_docker_compose.py::test_everything_the_dockerfile_copies_is_in_the_repository"],
          cwd=unpacked, env=env)
