@@ -16,6 +16,9 @@ connection says where the master is) that fills in what each of agentpost's jobs
 The job's report is printed by the job into the task log, and the task's "Trail analytics"
 link opens the agentpost page's analytics view (the analytics' tables, the audit's reports).
 A job that fails (an audit check among them) exits non-zero, and the task fails.
+
+The Spark provider comes with the `spark` extra; without it, importing this module raises an
+ImportError that says what to install (a DAG file using it shows that as its import error).
 """
 
 from __future__ import annotations
@@ -27,7 +30,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from agentpost.spark.install import INSTALL
+
+try:
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+except ImportError as exc:  # the `spark` extra is not installed
+    raise ImportError(f"TrailJobOperator needs the Apache Spark provider and pyspark: "
+                      f"{INSTALL}", name=exc.name) from exc
 
 from agentpost.spark.apps import application
 from agentpost.spark.settings import DEFAULT_JDBC_JAR
