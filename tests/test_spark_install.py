@@ -127,3 +127,17 @@ def test_this_environment_is_consistent() -> None:
     """`make venv` reinstalls pyspark over pyspark-client and checks it."""
     out = run([str(Path(sys.executable).parent / "agentpost"), "spark", "check"])
     assert out.stdout.strip() == f"pyspark {PYSPARK}: Python files and Spark's JVM agree"
+
+
+def test_pyspark_from_spark_home_s_zip_is_read_as_spark_submit_runs_it(tmp_path: Path) -> None:
+    """spark-submit puts SPARK_HOME's python/lib/pyspark.zip first on the job's path, so the
+    package's files are inside a zip, not a directory; they are that Spark's own and agree
+    with its jars (the audit's task under spark-submit was refused as 'mixed' when the check
+    read them as files)."""
+    zipped = PACKAGE / "python" / "lib" / "pyspark.zip"
+    assert zipped.is_file(), "the pyspark wheel carries python/lib/pyspark.zip"
+    code = "from agentpost.spark import install; print(install.problem())"
+    out = run([sys.executable, "-S", "-c", code],
+              env={"PYTHONPATH": f"{zipped}:{REPO / 'plugins'}", "PATH": "/usr/bin:/bin",
+                   "SPARK_HOME": str(PACKAGE)})
+    assert out.stdout.strip() == "None", out.stdout

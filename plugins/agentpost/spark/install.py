@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 from importlib import metadata
+from importlib.machinery import ModuleSpec
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -29,14 +30,22 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def _python_files_version(package_dir: Path) -> str | None:
+def _python_files_version(spec: ModuleSpec) -> str | None:
     """The version pyspark's Python files say they are (`pyspark.__version__`, read without
-    importing it): pyspark's own, or pyspark-client's when that overwrote them."""
+    importing it): pyspark's own, or pyspark-client's when that overwrote them. Read through
+    the package's loader: under spark-submit, pyspark comes from the `pyspark.zip` that
+    SPARK_HOME's python/lib holds, which is not a directory."""
+    path = str(_package_dir(spec) / "version.py")
     try:
-        found = _VERSION.search((package_dir / "version.py").read_text(encoding="utf-8"))
+        source = spec.loader.get_data(path) if hasattr(spec.loader, "get_data") else None
     except OSError:
         return None
+    found = _VERSION.search(source.decode("utf-8")) if source else None
     return found.group(1) if found else None
+
+
+def _package_dir(spec: ModuleSpec) -> Path:
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def _jvm_version(package_dir: Path) -> str | None:
@@ -57,8 +66,7 @@ def problem() -> str | None:
     spec = find_spec("pyspark")
     if spec is None or not spec.submodule_search_locations:
         return f"pyspark is not installed: {INSTALL}"
-    package_dir = Path(next(iter(spec.submodule_search_locations)))
-    python, jvm = _python_files_version(package_dir), _jvm_version(package_dir)
+    python, jvm = _python_files_version(spec), _jvm_version(_package_dir(spec))
     spark_home = os.environ.get("SPARK_HOME")
     if jvm is None and spark_home:
         return f"SPARK_HOME ({spark_home}) has no Spark jars: point it at a Spark {python}"
@@ -78,5 +86,5 @@ def problem() -> str | None:
 
 def summary() -> str:
     """The line `agentpost spark check` prints for a usable install."""
-    package_dir = Path(next(iter(find_spec("pyspark").submodule_search_locations)))
-    return f"pyspark {_python_files_version(package_dir)}: Python files and Spark's JVM agree"
+    version = _python_files_version(find_spec("pyspark"))
+    return f"pyspark {version}: Python files and Spark's JVM agree"
