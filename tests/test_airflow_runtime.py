@@ -366,3 +366,24 @@ def test_make_demo_leaves_its_store_where_the_cli_finds_it(dsn: str, pg_server: 
     assert "agentpost demo: stopped, 0 process(es) left" in text, text[-6000:]
     assert not (root / ".airflow-demo" / "store.json").exists()
     assert running_demo_store(root) is None
+
+
+def test_a_poll_the_api_server_does_not_answer_in_time_is_not_yet() -> None:
+    """Under load the API server can take longer than the client's timeout for one GET; the
+    wait goes on (the bench's sensor wait failed on one ReadTimeout) and only its own deadline
+    ends it."""
+    answers = iter([httpx.ReadTimeout("busy"), None, "done"])
+
+    def probe() -> Any:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert wait_until(probe, 5, "the probe", interval=0) == "done"
+
+    def never() -> Any:
+        raise httpx.ReadTimeout("busy")
+
+    with pytest.raises(httpx.ReadTimeout):
+        wait_until(never, 0, "the probe", interval=0)

@@ -279,10 +279,17 @@ class AirflowClient:
 
 def wait_until(probe: Callable[[], Any], timeout: float, what: str,
                interval: float = 1.0) -> Any:
-    """`probe()`'s first truthy value, polled every `interval` seconds for `timeout`."""
+    """`probe()`'s first truthy value, polled every `interval` seconds for `timeout`. A poll
+    the API server did not answer in time (a busy machine) counts as "not yet", not as the
+    end of the wait."""
     deadline = time.monotonic() + timeout
     while True:
-        value = probe()
+        try:
+            value = probe()
+        except httpx.TimeoutException:
+            if time.monotonic() > deadline:
+                raise
+            value = None
         if value:
             return value
         if time.monotonic() > deadline:
