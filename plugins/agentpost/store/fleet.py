@@ -10,7 +10,12 @@ trailed). Applying the same file again plans nothing and writes nothing.
 Apply only adds: roles, types, permission rows and workspaces absent from the file are left
 as they are. Agents' watch-pattern inputs become subscriptions in the fleet's mark space
 (Markspace §13.3), so marks written after the apply are queued for an agent even before its
-first activation; a changed subscription is replaced, which drops its queue (P48).
+first activation; a changed subscription is replaced, which drops its queue (P48). Every
+agent's name is recorded in the mark space (`record_names`), so the pages name it before
+its first mark, even when the name is not a workspace id.
+
+The mark space is reached through its own object (`PostgresMarkSpace`), never through its
+tables' writes: the store and the mark space stay independent (the plan only reads them).
 """
 
 from __future__ import annotations
@@ -38,8 +43,8 @@ class FleetConflict(FleetError, Conflict):
 
 @dataclass(frozen=True)
 class Change:
-    """One step of applying a fleet: `kind` is role, type, permission, workspace or
-    subscription; `action` create, add, replace or remove."""
+    """One step of applying a fleet: `kind` is role, type, permission, workspace,
+    subscription or agent; `action` create, add, replace, remove or name."""
 
     kind: str
     name: str
@@ -71,6 +76,7 @@ class _State:
     permissions: set[tuple[str, str, str]]
     workspaces: dict[str, dict[str, Any]]
     subscriptions: dict[str, tuple[set[WatchPattern], set[str]]]
+    names: dict[str, str]  # agent id: the name the mark space has recorded
 
 
 def _read_state(store: EnvelopeStore, fleet: Fleet) -> _State:
@@ -95,6 +101,9 @@ def _read_state(store: EnvelopeStore, fleet: Fleet) -> _State:
                                          " FROM agentpost.workspaces WHERE id = ANY (%s)",
                                          ([w.id for w in fleet.workspaces],))},
         subscriptions=subscriptions,
+        names={str(agent_id): name for agent_id, name in db.fetchall(
+            "SELECT agent_id, name FROM agentpost.mark_agents"
+            " WHERE space = %s AND agent_id = ANY (%s::uuid[])", (fleet.space, ids))},
     )
 
 
@@ -103,7 +112,8 @@ def plan(store: EnvelopeStore, fleet: Fleet) -> FleetPlan:
     state = _read_state(store, fleet)
     conflicts: list[tuple[str, str]] = []
     result = FleetPlan(fleet)
-    for step in (_plan_roles, _plan_types, _plan_workspaces, _plan_subscriptions):
+    for step in (_plan_roles, _plan_types, _plan_workspaces, _plan_subscriptions,
+                 _plan_names):
         for entry, item in step(fleet, state):
             if isinstance(item, Change):
                 result.changes.append(item)
@@ -212,6 +222,14 @@ def _plan_subscriptions(fleet: Fleet, state: _State) -> Planned:
             yield where, Change("subscription", spec.name, "remove")
 
 
+def _plan_names(fleet: Fleet, state: _State) -> Planned:
+    for index, spec in enumerate(fleet.agents):
+        agent = fleet.agent(spec.name)
+        if state.names.get(str(agent.id)) != agent.name:
+            yield f"agents[{index}] ({spec.name})", Change("agent", spec.name, "name",
+                                                            f"id {agent.id}")
+
+
 def apply(store: EnvelopeStore, fleet: Fleet, *, dry_run: bool = False) -> FleetPlan:
     """Make the store hold `fleet`: plan (nothing written on a conflict), then each change.
     With `dry_run`, only the plan."""
@@ -234,9 +252,13 @@ def apply(store: EnvelopeStore, fleet: Fleet, *, dry_run: bool = False) -> Fleet
                 ws = workspaces[change.name]
                 store.create_workspace(ws.role, parent=ws.parent, originator=ws.originator,
                                        delegation=ws.delegation, workspace_id=ws.id)
-            else:
+            elif change.kind == "subscription":
                 space = space or _mark_space(store, fleet)
                 _subscribe(space, fleet, change)
+        named = [fleet.agent(c.name) for c in result.changes if c.kind == "agent"]
+        if named:
+            space = space or _mark_space(store, fleet)
+            space.record_names(named)
     finally:
         if space is not None:
             space.close()
