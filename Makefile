@@ -17,11 +17,14 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/uv --version 2>/dev/null | grep -q '^uv $(UV_VERSION)' \
 		|| $(BIN)/python -m pip install --quiet 'uv==$(UV_VERSION)'
-	$(UV_INSTALL) --constraints constraints.txt --build-constraints constraints.txt -e '.[dev,postgres]'
+	$(UV_INSTALL) --constraints constraints.txt --build-constraints constraints.txt \
+		-e '.[dev,postgres,spark]'
 	# The Spark provider pulls pyspark-client, which overwrites part of pyspark: put it back.
 	# (uninstall + install reuses uv's cached pyspark build; --reinstall would rebuild it)
 	$(BIN)/uv pip uninstall --python $(BIN)/python pyspark
 	$(UV_INSTALL) --no-deps 'pyspark==$(PYSPARK_VERSION)'
+	# the check the Spark jobs make at start: pyspark's Python files match Spark's JVM
+	$(BIN)/agentpost spark check
 	touch $@
 
 test: venv
@@ -60,7 +63,8 @@ bench: venv
 
 # Re-resolve the full lock after changing dependencies in pyproject.toml. The versions already
 # in constraints.txt are kept where they still fit (uv prefers the output file's pins); every
-# extra is locked, so the Docker image (postgres, celery) installs the tested set too.
+# extra is locked, so the Docker image (postgres, celery, spark) installs the tested set too.
 constraints: venv
 	$(BIN)/uv pip compile pyproject.toml --extra dev --extra bench --extra postgres --extra celery \
+		--extra spark \
 		--python-version 3.11 -o constraints.txt

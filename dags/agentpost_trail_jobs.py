@@ -4,7 +4,9 @@ it as `local[*]`, docker/compose.yaml as its standalone master).
 
 - ``agentpost_trail_analytics``, daily at 00:00 UTC: the analytics of the day before (its
   data interval, a whole day: Airflow 3 gives a plain cron schedule an empty one) into the
-  analytics tables, which the agentpost page shows (Browse -> Agents -> analytics).
+  analytics tables, which the agentpost page shows (Browse -> Agents -> analytics). A run
+  triggered by hand without a logical date (the UI's and the REST API's default) has no data
+  interval and analyses the last full UTC day before it was triggered (`trail_window`).
 - ``agentpost_trail_audit``, nightly at 02:00: the whole trail audited against the newest
   signed checkpoint the maintenance DAG keeps (AGENTPOST_CHECKPOINT_DIR, as in
   agentpost_maintenance.py; before its first checkpoint, the log warns that the heads were
@@ -27,12 +29,14 @@ from pathlib import Path
 from airflow.sdk import DAG, CronTriggerTimetable, Param
 
 from agentpost.operators import TrailJobOperator
+from agentpost.operators.spark import trail_window
 
 HOME = Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser()
 CHECKPOINTS = os.environ.get("AGENTPOST_CHECKPOINT_DIR") or str(HOME / "agentpost-checkpoints")
 ARCHIVE = os.environ.get("AGENTPOST_TRAIL_ARCHIVE") or str(HOME / "agentpost-trail-archive")
-START = "{{ params.window_start or data_interval_start }}"
-END = "{{ params.window_end or data_interval_end }}"
+#: the run's data interval, or the last full day for a run without one (`trail_window`)
+START = "{{ params.window_start or trail_window(dag_run)[0].isoformat() }}"
+END = "{{ params.window_end or trail_window(dag_run)[1].isoformat() }}"
 PARAMS = {"window_start": Param(None, type=["null", "string"],
                                 description="window start, ISO 8601 (default: the run's "
                                             "data interval)"),
@@ -41,6 +45,7 @@ PARAMS = {"window_start": Param(None, type=["null", "string"],
                                           "interval)")}
 COMMON = {"start_date": datetime(2026, 1, 1, tzinfo=UTC), "catchup": False,
           "params": PARAMS, "tags": ["agentpost", "spark"],
+          "user_defined_macros": {"trail_window": trail_window},
           "default_args": {"retries": 1, "retry_delay": timedelta(minutes=10)}}
 
 #: midnight, over the day that just ended: a cron string alone would be a CronTriggerTimetable
@@ -64,6 +69,6 @@ with DAG("agentpost_trail_export", schedule="@weekly",
          description="agentpost: trail entries older than a week to Parquet", **COMMON):
     TrailJobOperator(task_id="export", job="export",
                      job_args=["--archive", ARCHIVE, "--before",
-                               "{{ (data_interval_end - macros.timedelta(days=7))"
+                               "{{ (trail_window(dag_run)[1] - macros.timedelta(days=7))"
                                ".strftime('%Y-%m-%dT00:00:00+00:00') }}"],
                      execution_timeout=timedelta(hours=6))

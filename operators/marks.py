@@ -39,9 +39,10 @@ from agentpost.marks import (
     Verdict,
     Warning,
 )
+from agentpost.marks.core import scope_ancestors
 from agentpost.marks.keys import KeyRecord, UnsettledCall
 from agentpost.operators.commands import default_key
-from agentpost.operators.common import StoreOperator
+from agentpost.operators.common import StoreOperator, is_template
 from agentpost.protocol.errors import AgentpostError, InvalidInput
 from agentpost.web.links import LinkSource, links_for
 from agentpost.web.names import named
@@ -171,6 +172,12 @@ class GuardRefused(AirflowFailException):
     """The guard did not allow the action (CONFLICT, BLOCKED or DENIED); nothing ran."""
 
 
+#: verdicts that come from contention with other agents: `on_refused` decides what they do
+#: to the task. DENIED comes from configuration (a verb the scope does not allow, an agent
+#: without permission, a barrier, a budget) and fails the task whatever `on_refused` says.
+CONTENTION = frozenset({Verdict.CONFLICT, Verdict.BLOCKED})
+
+
 class GuardedActionOperator(_MarksOperator):
     """Runs `python_callable(*op_args, **op_kwargs)` through `Guard.execute`: the intent is
     written and checked under the resource's lock, the callable runs only on ALLOW, and its
@@ -185,9 +192,12 @@ class GuardedActionOperator(_MarksOperator):
 
     :param scope, resource: what the action is on (templated).
     :param intent_action, result_action: the intent's verb and the action's verb.
-    :param on_refused: ``"skip"`` (the default: another agent holds the resource, which is a
-        normal outcome of coordination) or ``"fail"`` (no retries); either way the verdict and
-        its reason are in the log and the exception's message.
+    :param on_refused: what contention does to the task (CONFLICT or BLOCKED: another agent
+        holds or contends for the resource, a normal outcome of coordination): ``"skip"``
+        (the default) or ``"fail"`` (no retries). A DENIED verdict (a verb the scope does
+        not allow, no permission, a barrier or budget) is configuration, not contention: it
+        always fails the task (`GuardRefused`), so a typo never looks green. Either way the
+        verdict and its reason are in the log and the exception's message.
     :param confidence: the intent's confidence (conflict policies weigh it).
     :param agent, scopes, space: see the module docstring.
     """
@@ -220,11 +230,40 @@ class GuardedActionOperator(_MarksOperator):
         self.op_kwargs = dict(op_kwargs or {})
         self.confidence = confidence
         self.on_refused = on_refused
+        self._check_configuration()
+
+    def _check_configuration(self) -> None:
+        """What configuration alone decides fails when the DAG is parsed, where the scopes
+        are a list (a fleet file's, say) and the scope and verbs are not templates: the
+        scope is defined (or under a defined one) and it allows both verbs. The agent's
+        permissions, barriers and budgets are the guard's to judge at run time (DENIED)."""
+        if callable(self.scopes) or any(is_template(v) for v in (
+                self.scope, self.intent_action, self.result_action)):
+            return
+        try:
+            self._require_verbs(self.scopes)
+        except InvalidInput as exc:
+            raise InvalidInput(f"{self.task_id}: {exc}") from None
+
+    def _require_verbs(self, scopes: Sequence[Scope]) -> None:
+        """InvalidInput unless `scopes` define the scope and it allows both verbs."""
+        found = scope_definition(scopes, self.scope)
+        if found is None:
+            raise InvalidInput(f"scope {self.scope!r} is not among the scopes given "
+                               f"({', '.join(s.name for s in scopes) or 'none'})")
+        for kind, verb, allowed in (("intent", self.intent_action, found.allowed_intent_verbs),
+                                    ("action", self.result_action,
+                                     found.allowed_action_verbs)):
+            if allowed and verb not in allowed and "*" not in allowed:
+                raise InvalidInput(f"{kind} verb {verb!r} is not allowed in scope "
+                                   f"{found.name!r} (allowed: {', '.join(allowed)})")
 
     def execute(self, context: Context) -> Any:
         """One guarded call per task instance (its key: `instance_key`): a retry replays the
         recorded result, or refuses when an earlier try's call recorded no outcome."""
         key = instance_key(context)
+        with self.errors():
+            self._require_verbs(_scopes_of(self.scopes))  # as rendered, scopes as called
         with self._marks() as marks:
             agent = self._agent(self.scope, (MarkType.INTENT, MarkType.ACTION))
             try:
@@ -244,7 +283,7 @@ class GuardedActionOperator(_MarksOperator):
         reason = _explain(decision)
         message = f"{self.task_id}: {named(reason, self._agent_names(reason))}"
         self.log.warning("%s", message)
-        if self.on_refused == "skip":
+        if decision.verdict in CONTENTION and self.on_refused == "skip":
             raise AirflowSkipException(message)
         raise GuardRefused(message)
 
@@ -270,6 +309,13 @@ class GuardedActionOperator(_MarksOperator):
                 "then mark this task instance success, or release the call with "
                 f"`agentpost mark-key release {record.key!r} --space {self.space!r}` "
                 "and clear the task to run it again")
+
+
+def scope_definition(scopes: Iterable[Scope], name: str) -> Scope | None:
+    """The scope governing `name` among `scopes`: its own, else its nearest defined
+    ancestor's (the space's hierarchical lookup), else None."""
+    by_name = {s.name: s for s in scopes}
+    return next((by_name[c] for c in scope_ancestors(name) if c in by_name), None)
 
 
 def instance_key(context: Context) -> str:

@@ -16,6 +16,9 @@ connection says where the master is) that fills in what each of agentpost's jobs
 The job's report is printed by the job into the task log, and the task's "Trail analytics"
 link opens the agentpost page's analytics view (the analytics' tables, the audit's reports).
 A job that fails (an audit check among them) exits non-zero, and the task fails.
+
+The Spark provider comes with the `spark` extra; without it, importing this module raises an
+ImportError that says what to install (a DAG file using it shows that as its import error).
 """
 
 from __future__ import annotations
@@ -23,16 +26,36 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from agentpost.spark.install import INSTALL
+
+try:
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+except ImportError as exc:  # the `spark` extra is not installed
+    raise ImportError(f"TrailJobOperator needs the Apache Spark provider and pyspark: "
+                      f"{INSTALL}", name=exc.name) from exc
 
 from agentpost.spark.apps import application
 from agentpost.spark.settings import DEFAULT_JDBC_JAR
 from agentpost.web.links import TrailAnalyticsLink
 
 Job = Literal["analytics", "audit", "export"]
+
+
+def trail_window(dag_run: Any) -> tuple[datetime, datetime]:
+    """The window a run of a trail job covers by default: its data interval, or, for a run
+    that has none (triggered by hand with no logical date: the REST API's
+    ``logical_date: null``, the UI's trigger without a date), the last full UTC day before
+    it was triggered. A DAG makes it a macro (``user_defined_macros``) for its templates."""
+    start, end = dag_run.data_interval_start, dag_run.data_interval_end
+    if start is not None and end is not None:
+        return start, end
+    after = dag_run.run_after.astimezone(UTC)
+    midnight = after.replace(hour=0, minute=0, second=0, microsecond=0)
+    return midnight - timedelta(days=1), midnight
 
 
 class TrailJobOperator(SparkSubmitOperator):

@@ -36,6 +36,20 @@ def query(dsn: str, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
         conn.close()
 
 
+def all_rows(dsn: str) -> dict[str, list[str]]:
+    """Every row of every table of the agentpost schema (each as its text form, sorted), by
+    table: the store's whole state, to compare before and after a step that must change
+    nothing."""
+    conn = connect(dsn)
+    try:
+        tables = [t for (t,) in rows(conn, "SELECT tablename FROM pg_tables"
+                                           " WHERE schemaname = 'agentpost' ORDER BY 1")]
+        return {t: sorted(r for (r,) in rows(conn, f'SELECT x::text FROM agentpost."{t}" x'))
+                for t in tables}
+    finally:
+        conn.close()
+
+
 # --------------------------------------------------------------------------- plans
 
 

@@ -84,12 +84,13 @@ agentpost_nack_test()
 
 
 def run_dags(tmp_path: Path, dsn: str, runs: list[dict[str, Any]],
-             extra: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
-    """Copy the examples (and `extra` DAG files) into a DAGs folder and run `runs` (each
+             extra: dict[str, str] | None = None, examples: tuple[str, ...] = EXAMPLES
+             ) -> tuple[dict[str, Any], str]:
+    """Copy the `examples` (and `extra` DAG files) into a DAGs folder and run `runs` (each
     ``{"name", "dag_id", "conf"}``) in one private Airflow process."""
     dags = tmp_path / "dags"
     dags.mkdir()
-    for name in EXAMPLES:
+    for name in examples:
         shutil.copy(ROOT / "dags" / f"{name}.py", dags)
     for name, source in (extra or {}).items():
         (dags / name).write_text(source)

@@ -6,6 +6,7 @@ operators run inside real Airflow in tests/test_airflow_examples.py.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -32,6 +33,8 @@ from agentpost.protocol.validation import CLIENT_ID
 from agentpost.store import EnvelopeStore
 from test_airflow_inbox import CONN_VAR, connection_json
 from test_leases import BOSS, fill, topology
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class StandInTI:
@@ -392,3 +395,130 @@ def test_a_retried_saga_step_replays_its_command(office: EnvelopeStore) -> None:
     assert calls == ["flight", "hotel"]
     with pytest.raises(InvalidInput, match="no handler named 'nope'"):
         SagaStepOperator(task_id="x", step="x", **{**shared, "handler": "nope"})
+
+
+# -- the guard's refusals under dag.test() and at parse time (issue 22) -------------------------
+
+GUARD_DAG = '''
+"""Written by tests/test_airflow_operators.py: one GuardedActionOperator per kind of refusal."""
+from datetime import datetime
+
+from airflow.sdk import dag
+
+from agentpost.marks import Agent, Scope
+from agentpost.operators import GuardedActionOperator
+
+ROOMS = [Scope(name="rooms", allowed_intent_verbs=["book"], allowed_action_verbs=["booked"]),
+         Scope(name="lots", allowed_intent_verbs=["park"], allowed_action_verbs=["parked"],
+               deferred=True)]
+
+
+def rooms():  # scopes given as a callable are known only at run time
+    return ROOMS
+
+
+def act(who):
+    return {"by": who}
+
+
+@dag(schedule=None, start_date=datetime(2026, 1, 1))
+def agentpost_guard_refusals():
+    def guarded(task_id, agent, scope="rooms", verbs=("book", "booked"), scopes=ROOMS,
+                **extra):
+        return GuardedActionOperator(
+            task_id=task_id, agent=agent, scopes=scopes, space="refusals", scope=scope,
+            resource="r-1", intent_action=verbs[0], result_action=verbs[1],
+            python_callable=act, op_args=[task_id], **extra)
+
+    hold = guarded("hold", "alice")
+    hold >> [guarded("conflict_skips", "bob"),
+             guarded("conflict_fails", "carol", on_refused="fail"),
+             guarded("blocked_skips", "dave", scope="lots", verbs=("park", "parked")),
+             guarded("verb_fails", "erin", verbs=("book", "reserved"), scopes=rooms),
+             guarded("permission_fails", Agent(name="mallory"))]
+
+
+agentpost_guard_refusals()
+'''
+
+
+@pytest.mark.slow
+def test_denied_fails_the_task_and_contention_follows_on_refused(
+        office: EnvelopeStore, dsn: str, tmp_path: Any) -> None:
+    """Issue 22: under dag.test(), a refusal caused by configuration fails the task even
+    with the default on_refused="skip": an action verb the scope does not allow (scopes
+    given as a callable, so only the run can tell) and an agent without permission (DENIED).
+    Contention follows on_refused: CONFLICT skips by default and fails with "fail"; BLOCKED
+    (a deferred scope before its boundary) skips. Before, every refusal was skipped, so a
+    typo in a verb looked green."""
+    from test_airflow_examples import run_dags
+
+    results, output = run_dags(tmp_path, dsn, [{"name": "guard",
+                                                "dag_id": "agentpost_guard_refusals"}],
+                               extra={"agentpost_guard_refusals.py": GUARD_DAG}, examples=())
+    result = results["guard"]
+    assert result["tasks"] == {
+        "hold": "success", "conflict_skips": "skipped", "conflict_fails": "failed",
+        "blocked_skips": "skipped", "verb_fails": "failed", "permission_fails": "failed",
+    }, output[-8000:]
+    assert result["run"] == "failed"
+    assert "action verb 'reserved' is not allowed in scope 'rooms'" in output
+    assert "guard verdict DENIED (authorization)" in output
+
+
+FLEET_GUARD_DAG = '''
+"""Written by tests/test_airflow_operators.py: a guarded action in a scope of a fleet file."""
+from datetime import datetime
+from pathlib import Path
+
+from airflow.sdk import dag
+
+from agentpost.fleet import load_fleet
+from agentpost.operators import GuardedActionOperator
+
+FLEET = load_fleet(Path(__file__).parent / "fleet.yaml")
+
+
+@dag(schedule=None, start_date=datetime(2026, 1, 1))
+def agentpost_fleet_guard():
+    GuardedActionOperator(task_id="park", agent="driver-a", scopes=FLEET.scopes,
+                          space=FLEET.space, scope="parking", resource="spot-1",
+                          intent_action="VERB", result_action="parked",
+                          python_callable=dict)
+
+
+agentpost_fleet_guard()
+'''
+
+
+def test_a_verb_the_fleet_scope_does_not_allow_fails_the_parse(tmp_path: Any) -> None:
+    """Issue 22: where the scope is known when the DAG is parsed (the scopes of a fleet
+    file), a verb it does not allow is an import error of the DAG file naming the task, the
+    verb and the scope, instead of a task that runs and is skipped; the allowed verb parses.
+    So is a scope the list does not define; a child of a defined scope is governed by it."""
+    import shutil
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    shutil.copy(ROOT / "dags" / "fleet.yaml", tmp_path / "fleet.yaml")
+    dag_file = tmp_path / "agentpost_fleet_guard.py"
+    dag_file.write_text(FLEET_GUARD_DAG.replace("VERB", "reserve"))
+    bag = DagBag(dag_folder=str(dag_file))
+    assert list(bag.dags) == []
+    [error] = bag.import_errors.values()
+    assert "park: intent verb 'reserve' is not allowed in scope 'parking' (allowed: park)" \
+        in error, error
+    dag_file.write_text(FLEET_GUARD_DAG.replace("VERB", "park"))
+    assert list(DagBag(dag_folder=str(dag_file)).dags) == [
+        "agentpost_fleet_guard"]
+
+    def guarded(scope: str, intent: str = "book") -> GuardedActionOperator:
+        return GuardedActionOperator(task_id="g", agent="a", scopes=CALENDAR, scope=scope,
+                                     resource="r", intent_action=intent,
+                                     result_action="booked", python_callable=dict)
+
+    with pytest.raises(InvalidInput, match=r"^g: scope 'rooms' is not among the scopes given "
+                                           r"\(calendar\)"):
+        guarded("rooms")
+    assert guarded("calendar/team-a").scope == "calendar/team-a"
+    assert guarded("{{ params.scope }}", intent="anything").intent_action == "anything"

@@ -15,7 +15,11 @@ on two shared cores; the headless test below runs them all.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +35,13 @@ from agentpost.airflow_runtime import (
     AirflowRuntime,
     Credentials,
     port_open,
+    wait_until,
 )
 from agentpost.demo_scenarios import EVENT_DRIVEN, Outcome
+from agentpost.demo_store import running_demo_store
 from agentpost.spark.audit import AuditReport
 from agentpost.store import CommandLedger, EnvelopeStore
-from agentpost.store.server import libpq_dsn
+from agentpost.store.server import libpq_dsn, redact_dsn
 from dbtools import query
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -287,6 +293,7 @@ def test_headless_demo_runs_every_scenario_with_dag_test(dsn: str, tmp_path: Pat
         assert line in out, (line, out[-6000:])
     with EnvelopeStore(dsn) as store:
         assert store.inbox("dispatch") == [] and store.inbox("triage") == []
+        assert store.inbox("travel-desk") == []  # dana's confirmation was consumed
         compensated = [e.body["step"] for e in store.trail(event="saga_step_compensated")]
         assert compensated == ["hotel", "flight"]
 
@@ -307,3 +314,55 @@ def test_headless_demo_fails_on_an_unexpected_failure(dsn: str, tmp_path: Path,
     assert "agentpost_failing_example: failed (boom=failed)" in out, out
     assert "agentpost_maintenance: success" in out
     assert "UNEXPECTED: agentpost_failing_example" in out
+
+
+@pytest.mark.slow
+def test_make_demo_leaves_its_store_where_the_cli_finds_it(dsn: str, pg_server: Any,
+                                                           tmp_path: Path) -> None:
+    """Issue 22: `agentpost demo --airflow` (make demo) prints its store's DSN; while it
+    runs, the CLI in its checkout, with no --dsn and no AGENTPOST_DSN, works on that store
+    (before, it created the database `agentpost` and said "unknown workspace"); Ctrl-C stops
+    every process it started and withdraws the store, and the CLI no longer finds it. A
+    fleet without agents and no DAGs keeps standalone's part short."""
+    from conftest import drop_database
+    from test_first_hour import SCRIPT, checkout, cli
+
+    root = checkout(tmp_path / "repo")
+    (root / "dags").mkdir()
+    (root / "dags" / "fleet.yaml").write_text(
+        "name: tiny\nworkspaces: [{id: lead, role: coordinator},\n"
+        "             {id: worker-a, role: worker, parent: lead}]\n")
+    env = {k: v for k, v in os.environ.items() if k != "AGENTPOST_DSN"}
+    demo = subprocess.Popen([str(SCRIPT), "--dsn", dsn, "demo", "--airflow"], cwd=root,
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(iter(demo.stdout.readline, "")),
+                              daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: any("Airflow keeps running" in ln for ln in output)
+                   or demo.poll() is not None, 600, "the demo to come up", interval=1.0)
+        text = "".join(output)
+        assert "Airflow keeps running" in text, text[-6000:]
+        assert f"  store:    {redact_dsn(dsn)}\n" in text, text[-6000:]
+        sent = cli("send", "--from", "lead", "--to", "worker-a", "--type", "directive",
+                   "hello, demo", cwd=root)
+        assert sent.returncode == 0, sent.stderr
+        inbox = cli("inbox", "worker-a", cwd=root)
+        assert inbox.returncode == 0 and "hello, demo" in inbox.stdout, inbox.stderr
+        assert f"using the store of the demo running here (pid {demo.pid})" in inbox.stderr
+    finally:
+        if demo.poll() is None:
+            demo.send_signal(signal.SIGINT)
+        try:
+            demo.wait(300)
+        except subprocess.TimeoutExpired:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait()
+        reader.join(30)
+        drop_database(pg_server.dsn, f"{dsn.rsplit('/', 1)[1]}_airflow")
+    text = "".join(output)
+    assert "agentpost demo: stopped, 0 process(es) left" in text, text[-6000:]
+    assert not (root / ".airflow-demo" / "store.json").exists()
+    assert running_demo_store(root) is None

@@ -59,6 +59,10 @@ def _env(**over: Any) -> dict[str, Any]:
     (_env(route={"actors": ["prep"], "current": 1}), InvalidRoute),  # bad index
     (_env(route={"actors": ["prep"], "current": -1}), InvalidRoute),
     (_env(route={"actors": ["prep"], "current": "0x"}), InvalidRoute),
+    (_env(route={"actors": ["prep", "infer"], "current": "1"}), InvalidRoute),  # not coerced
+    (_env(route={"actors": ["prep", "infer"], "current": 1.0}), InvalidRoute),
+    (_env(route={"actors": ["prep", "infer"], "current": True}), InvalidRoute),
+    (_env(fan_outs="1"), InvalidRoute),
     (_env(route={"actors": ["prep"], "current": 0, "end": HAPPY_END}), InvalidRoute),
     (_env(route={"actors": "prep"}), InvalidRoute),  # not a list
     (_env(route={"actors": []}), InvalidRoute),

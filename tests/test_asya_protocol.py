@@ -79,6 +79,48 @@ def test_current_index_must_point_into_the_route(actors: list[str], current: int
             make_route(actors, current)
 
 
+@pytest.mark.parametrize("current", ["1", 1.0, True, b"1", None, [1]])
+def test_the_current_index_is_an_integer_never_coerced(current: Any) -> None:
+    """"current: Current actor index": an integer. ``"1"``, ``1.0`` or ``true`` used to be
+    coerced to 1 and the route started; Asya's runtime refuses them ("must be an integer"),
+    whether the route is built or comes in an envelope."""
+    with pytest.raises(InvalidRoute, match=r"^current: must be an integer, not "):
+        make_route(["prep", "infer"], current)
+    envelope = {"id": "x", "route": {"actors": ["prep", "infer"], "current": current},
+                "payload": {}}
+    with pytest.raises(InvalidRoute, match=r"^route\.current: must be an integer, not "):
+        parse_envelope(envelope)
+    assert make_route(["prep", "infer"], 1).current == 1
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("id", 7, "id: must be a string, not int"),
+    ("id", b"x", "id: must be a string, not bytes"),
+    ("parent_id", 7, "parent_id: must be a string, not int"),
+    ("route", {"actors": [b"prep"]}, "route.actors.0: must be a string, not bytes"),
+    ("route", {"actors": ["prep"], "end": 1}, "route.end: must be a string, not int"),
+    ("fan_outs", "1", "fan_outs: must be an integer, not str"),
+    ("fan_outs", 1.0, "fan_outs: must be an integer, not float"),
+])
+def test_envelope_fields_are_not_coerced(field: str, value: Any, words: str) -> None:
+    """Strings are strings and counts integers in every field of a routed envelope: a
+    number for an id or bytes for a name is refused, not converted."""
+    data = {"id": "x", "route": {"actors": ["prep"]}, "payload": {}, field: value}
+    with pytest.raises(InvalidRoute) as caught:
+        parse_envelope(data)
+    assert str(caught.value) == words
+
+
+def test_header_values_keep_their_json_type() -> None:
+    """Headers are flat scalars: each keeps the type it was given ("1" stays a string, true
+    a boolean), nothing is converted."""
+    headers = {"a": "1", "b": 1, "c": True, "d": 1.5, "e": None}
+    envelope = parse_envelope({"id": "x", "route": {"actors": ["prep"]}, "payload": {},
+                               "headers": headers})
+    assert [(k, type(v)) for k, v in envelope.headers.items()] == [
+        (k, type(v)) for k, v in headers.items()]
+
+
 @pytest.mark.parametrize("actors", [[], "prep", ["Prep"], ["a b"], [""], ["-x"], [1]])
 def test_malformed_routes_are_refused(actors: Any) -> None:
     """"route (required): Actor list and current position": a route with no actors or

@@ -24,6 +24,7 @@ import psycopg2
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 import dbtools
 from agentpost.protocol.errors import (
@@ -865,6 +866,20 @@ def test_send_many_of_nothing_writes_nothing(shared: Shared) -> None:
     assert shared.store.send_many([]) == []
     assert shared.store.send_many(iter(())) == []
     assert snapshot(shared.conn) == before
+
+
+@pytest.mark.parametrize("field, value", [
+    ("from", b"lead"), ("to", b"w1"), ("type", b"directive"), ("content", b"x"),
+    ("format", b"markdown"), ("attachments", [b"a.txt"]), ("in_reply_to", b"e-1"),
+    ("rights", [{"type": "send", "target": b"w1"}]),
+])
+def test_a_typed_draft_takes_text_not_bytes(field: str, value: Any) -> None:
+    """The Draft model's text fields are strict: bytes are refused, not decoded (the mapping
+    form records such a draft as invalid_structure, it never decodes either)."""
+    fields = {"from": "lead", "to": "w1", "type": "directive", "content": "x"}
+    assert Draft.model_validate(fields).sender == "lead"
+    with pytest.raises(ValidationError, match="valid string"):
+        Draft.model_validate({**fields, field: value})
 
 
 # -- garbage to every other public method -------------------------------------------------------

@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from dist_support import tracked_files
+
 DOCKER = Path(__file__).resolve().parents[1] / "docker"
 AIRFLOW_SERVICES = {
     "airflow-api-server": "api-server",
@@ -115,9 +117,7 @@ def test_docker_compose_accepts_the_file(docker_compose: str) -> None:
 
 def test_everything_the_dockerfile_copies_is_in_the_repository() -> None:
     """A fresh clone must build: every COPY source is tracked (git drops empty folders)."""
-    root = DOCKER.parent
-    tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True,
-                             check=True).stdout.split()
+    tracked = tracked_files(DOCKER.parent)
     for line in (DOCKER / "Dockerfile").read_text().splitlines():
         parts = line.split()
         if not parts or parts[0] != "COPY":
@@ -261,4 +261,8 @@ def test_dockerfile_installs_the_deployment_extras() -> None:
         "optional-dependencies"]
     assert any(dep.startswith("asyncpg") for dep in extras["postgres"])
     assert any(dep.startswith("apache-airflow-providers-celery") for dep in extras["celery"])
-    assert '".[postgres,celery]"' in (DOCKER / "Dockerfile").read_text()
+    assert any(dep.startswith("apache-airflow-providers-apache-spark") for dep in extras["spark"])
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    assert '".[postgres,celery,spark]"' in dockerfile
+    # the trail jobs refuse pyspark-client's files over another pyspark: the image is checked
+    assert "agentpost spark check" in dockerfile

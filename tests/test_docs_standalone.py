@@ -9,8 +9,9 @@ checksum is recorded in every migrated database).
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
+
+from dist_support import tracked_files
 
 REPO = Path(__file__).resolve().parents[1]
 OUTSIDE = re.compile(r"\.\./shared|/work/(?:shared|main|wt)\b")
@@ -19,9 +20,7 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
 def tracked() -> list[str]:
-    out = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
-                         check=True).stdout
-    return [f for f in out.splitlines() if f != "tests/test_docs_standalone.py"]
+    return [f for f in tracked_files(REPO) if f != "tests/test_docs_standalone.py"]
 
 
 def test_nothing_points_outside_the_repository() -> None:

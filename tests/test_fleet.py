@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import re
 import select
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,12 +28,21 @@ from agentpost.factories.maintenance import (
     save_checkpoint,
     verify_against_latest,
 )
-from agentpost.fleet import FleetConflict, FleetError, apply, fleet_from_dict, load_fleet, plan
+from agentpost.fleet import (
+    FleetConflict,
+    FleetError,
+    apply,
+    fleet_from_dict,
+    load_fleet,
+    parse_fleet,
+    plan,
+)
 from agentpost.marks import Action, Guard, Verdict
 from agentpost.marks.postgres import PostgresMarkSpace
-from agentpost.protocol.errors import InvalidInput
+from agentpost.protocol.errors import AgentpostError, InvalidInput
+from agentpost.protocol.fleet import MAX_DEPTH
 from agentpost.store import EnvelopeStore
-from dbtools import connect, rows
+from dbtools import all_rows, connect, rows
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "dags" / "fleet.yaml"
@@ -107,6 +119,17 @@ BAD = [
     ("workspaces.2.id", "driver-a", "workspaces[2] (driver-a): 'driver-a' is defined twice"),
     ("scopes.0.conflict_policy", "loudest", "scopes[0] (parking).conflict_policy: Input"),
     ("scopes.0.colour", "red", "scopes[0] (parking).colour: unknown field"),
+    # strict types: a quoted "yes" is not true, a number not a name, 1.0 not the version 1
+    ("workspaces.1.delegation", "yes", "workspaces[1] (driver-a).delegation: Input should "
+     "be a valid boolean"),
+    ("workspaces.1.delegation", 1, "workspaces[1] (driver-a).delegation: Input should be a"),
+    ("version", True, "version: Input should be 1, the integer, not bool"),
+    ("version", 1.0, "version: Input should be 1, the integer, not float"),
+    ("agents.1.expected_activity", {"observation": "6"}, "agents[1] (driver-b)."
+     "expected_activity.observation: Input should be a valid number"),
+    ("agents.0.read_scopes", [1], "agents[0] (driver-a).read_scopes[0]: Input should be a "
+     "valid string"),
+    ("workspaces.1.id", b"driver-a", "workspaces[1].id: Input should be a valid string"),
 ]
 
 
@@ -138,6 +161,62 @@ def test_yaml_problems_are_one_line_with_their_line(tmp_path: Path) -> None:
         assert str(caught.value).startswith(str(tmp_path / expected)), str(caught.value)
     with pytest.raises(FleetError, match=r"missing\.yaml: cannot read it: No such file"):
         load_fleet(tmp_path / "missing.yaml")
+
+
+def _nested(levels: int, *, block: bool = False) -> str:
+    """A fleet file nesting `levels` mappings and lists deep: the top mapping, `agents`, the
+    agent and its `config` are four, lists under the config the rest (flow style, or block
+    style mappings with `block`)."""
+    head = "name: deep\nagents:\n  - name: a\n    config:\n"
+    inner = levels - 4
+    if not block:
+        return head + "      x: " + "[" * inner + "1" + "]" * inner + "\n"
+    lines = [" " * (6 + 2 * i) + "k:" for i in range(inner)]
+    return head + "\n".join(lines) + "\n" + " " * (6 + 2 * inner) + "v: 1\n"
+
+
+def test_nesting_is_limited_to_max_depth_levels() -> None:
+    """A fleet as deep as MAX_DEPTH is a fleet; one level more is a one-line FleetError
+    naming the line where it goes too deep, whether read from YAML or given as a document."""
+    assert parse_fleet(_nested(MAX_DEPTH)).agents[0].config
+    assert fleet_from_dict(yaml.safe_load(_nested(MAX_DEPTH))).agents[0].config
+    with pytest.raises(FleetError) as caught:
+        parse_fleet(_nested(MAX_DEPTH + 1), "deep.yaml")
+    assert str(caught.value) == f"deep.yaml: line 5: nested deeper than {MAX_DEPTH} levels"
+    with pytest.raises(FleetError) as caught:
+        fleet_from_dict(yaml.safe_load(_nested(MAX_DEPTH + 1)), "deep.yaml")
+    assert str(caught.value) == f"deep.yaml: nested deeper than {MAX_DEPTH} levels"
+
+
+def test_a_document_sharing_nodes_is_walked_once_per_depth() -> None:
+    """YAML aliases share nodes: a document of 40 levels each naming the one below twice is
+    2**40 paths but 40 nodes, checked at once (and refused at 70 levels)."""
+    shared: Any = [1]
+    for _ in range(40):
+        shared = [shared, shared]
+    assert fleet_from_dict({"name": "wide", "agents": [{"name": "a", "config": {"x": shared}}]})
+    for _ in range(30):
+        shared = [shared, shared]
+    with pytest.raises(FleetError, match="nested deeper than"):
+        fleet_from_dict({"name": "wide", "agents": [{"name": "a", "config": {"x": shared}}]})
+
+
+@pytest.mark.parametrize("block", [False, True], ids=["flow", "block"])
+def test_the_cli_refuses_a_file_5000_levels_deep_in_one_line(tmp_path: Path,
+                                                              block: bool) -> None:
+    """`fleet show` (and `fleet apply`, before any store is opened) on a file nested 5,000
+    levels deep: exit 2 and one line on stderr, not a RecursionError's 3,000-line
+    traceback. Runs the real CLI in a process of its own."""
+    deep = tmp_path / "deep.yaml"
+    deep.write_text(_nested(5_000, block=block))
+    for args in (["fleet", "show", str(deep)],
+                 ["--dsn", "postgresql://nowhere.invalid/x", "fleet", "apply", str(deep)]):
+        done = subprocess.run([sys.executable, "-m", "agentpost.cli", *args],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert done.stdout == ""
+        assert re.fullmatch(rf"agentpost: {re.escape(str(deep))}: line \d+: nested deeper "
+                            rf"than {MAX_DEPTH} levels\n", done.stderr), done.stderr[-2000:]
 
 
 # -- applying ---------------------------------------------------------------------------------
@@ -251,6 +330,75 @@ def test_dry_run_and_additions(store: EnvelopeStore) -> None:
     apply(store, fleet_from_dict(data, "fleet.yaml"))
     assert store.send("driver-a", "dispatch", "weather.update", "rain").status != "rejected"
     assert plan(store, fleet_from_dict(data, "fleet.yaml")).empty
+
+
+def _grown(parent: str = "weather-station") -> dict[str, Any]:
+    """The example plus a new role, type, workspace (under `parent`) and a subscribing agent:
+    one change of each kind, in the order apply makes them."""
+    data = example()
+    data["roles"].append({"name": "valet", "inherits": "worker"})
+    data["types"].append({"name": "valet.call", "senders": ["dispatcher"],
+                          "receivers": ["valet"]})
+    data["workspaces"].append({"id": "valet-1", "role": "valet", "parent": parent})
+    data["agents"].append({"name": "valet", "workspace": "valet-1",
+                           "scopes": {"parking": ["action"]},
+                           "inputs": [{"scope": "parking", "mark_type": "intent"}]})
+    return data
+
+
+def test_a_new_workspace_under_a_sealed_one_is_refused_by_the_plan(
+        store: EnvelopeStore, dsn: str, tmp_path: Path) -> None:
+    """A parent the store holds closed takes no children: the plan says so (a FleetConflict
+    naming the entry; exit 2 and one line from the real CLI), before the file's new role and
+    type are written. It used to pass the plan, write them, and fail on the workspace."""
+    apply(store, load_fleet(EXAMPLE))
+    store.transition("weather-station", "closed")
+    before = all_rows(dsn)
+    with pytest.raises(FleetConflict) as caught:
+        apply(store, fleet_from_dict(_grown(), "fleet.yaml"))
+    index = len(example()["workspaces"])
+    assert str(caught.value) == (
+        f"fleet.yaml: workspaces[{index}] (valet-1): the store's workspace 'weather-station', "
+        "its parent, is closed and cannot have new children")
+    assert all_rows(dsn) == before
+    grown = tmp_path / "grown.yaml"
+    grown.write_text(yaml.safe_dump(_grown()))
+    done = subprocess.run([sys.executable, "-m", "agentpost.cli", "--dsn", dsn, "fleet",
+                           "apply", str(grown)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1 and "cannot have new children" in done.stderr
+    assert all_rows(dsn) == before
+
+
+@pytest.mark.parametrize("table, check", [
+    ("workspaces", "id <> 'valet-1'"),
+    ("mark_subscriptions", "agent_id <> '{valet}'::uuid"),
+], ids=["workspace", "subscription"])
+def test_an_apply_failing_in_the_database_writes_nothing(
+        store: EnvelopeStore, dsn: str, table: str, check: str) -> None:
+    """docs/fleet.md: a fleet is applied whole or not at all. The database refuses one of
+    the planned changes (a constraint the plan knows nothing of, standing in for anything
+    that changed since the plan): every change before it is rolled back with it, the trail
+    included, and the store's rows are exactly what they were; once the database takes it,
+    the same apply goes through."""
+    apply(store, load_fleet(EXAMPLE))
+    fleet = fleet_from_dict(_grown(), "fleet.yaml")
+    conn = connect(dsn)
+    rows(conn, f"ALTER TABLE agentpost.{table} ADD CONSTRAINT refuse_valet"
+               f" CHECK ({check.format(valet=fleet.agent('valet').id)}) NOT VALID")
+    before = all_rows(dsn)
+    planned = [str(c) for c in plan(store, fleet).changes]
+    assert [c.split(":")[0] for c in planned] == [
+        "create role valet", "create type valet.call", "create workspace valet-1",
+        "create subscription valet"]
+    with pytest.raises(AgentpostError, match="refuse_valet"):
+        apply(store, fleet)
+    assert all_rows(dsn) == before
+    assert store.verify_trail().ok
+    rows(conn, f"ALTER TABLE agentpost.{table} DROP CONSTRAINT refuse_valet")
+    conn.close()
+    assert [str(c) for c in apply(store, fleet).changes] == planned
+    assert plan(store, fleet).empty and store.verify_trail().ok
 
 
 def test_cli_fleet_show_and_apply(dsn: str, tmp_path: Path,

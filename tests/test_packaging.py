@@ -8,12 +8,13 @@ there. No network is needed.
 
 from __future__ import annotations
 
+import email
 import json
 import os
-import shutil
-import subprocess
+import re
 import sys
 import sysconfig
+import tarfile
 import textwrap
 import tomllib
 import zipfile
@@ -21,42 +22,17 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-IGNORE = shutil.ignore_patterns(
-    ".git",
-    ".venv",
-    ".pg",
-    "__pycache__",
-    "*.pyc",
-    "*.egg-info",
-    "build",
-    "dist",
-    ".*_cache",
-    ".hypothesis",
-)
+from dist_support import REPO, build_sdist, build_wheel, copy_source, tracked_files
+from dist_support import run as _run
+
 # source directory -> where its files land in the wheel
 PACKAGE_ROOTS = {"plugins/agentpost": "agentpost", "operators": "agentpost/operators"}
-
-
-def _run(argv: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False, **kwargs)
-    assert proc.returncode == 0, f"{argv} failed:\n{proc.stdout}\n{proc.stderr}"
-    return proc
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("packaging")
-    source = work / "src"
-    shutil.copytree(REPO, source, ignore=IGNORE)
-    _run(
-        [
-            sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-            "--no-index", "--wheel-dir", str(work / "dist"), str(source),
-        ]
-    )  # fmt: skip
-    (built,) = (work / "dist").glob("airflow_agentpost-*.whl")
-    return built
+    return build_wheel(copy_source(work / "src"), work / "dist")
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +134,80 @@ def test_console_script_is_installed(venv: Path) -> None:
     first_line = script.read_text().splitlines()[0]
     assert first_line.startswith("#!") and str(venv) in first_line
     assert "agentpost.cli" in script.read_text()
+
+
+def _metadata(wheel: Path) -> email.message.Message:
+    with zipfile.ZipFile(wheel) as whl:
+        (name,) = [n for n in whl.namelist() if n.endswith(".dist-info/METADATA")]
+        return email.message_from_bytes(whl.read(name))
+
+
+def test_wheel_metadata_license_urls_and_extras(wheel: Path) -> None:
+    meta = _metadata(wheel)
+    assert meta["License-Expression"] == "Apache-2.0"
+    with zipfile.ZipFile(wheel) as whl:
+        (found,) = [n for n in whl.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+        assert whl.read(found) == (REPO / "LICENSE").read_bytes()
+    assert re.search(r"Apache License\s+Version 2\.0", (REPO / "LICENSE").read_text())
+    urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL"))
+    assert urls and all(u.startswith("https://") for u in urls.values()), urls
+    assert meta["Requires-Python"] in (">=3.11,<3.14", "<3.14,>=3.11")
+    # nothing of Spark without the `spark` extra; the postgres extra carries psycopg 3
+    requires = meta.get_all("Requires-Dist")
+    base = [r for r in requires if "extra ==" not in r]
+    assert not [r for r in base if re.match(r"(pyspark|apache-airflow-providers-apache-spark)",
+                                             r)], base
+    spark = [re.split(r"[<>=;\s]", r)[0] for r in requires if 'extra == "spark"' in r]
+    assert sorted(spark) == ["apache-airflow-providers-apache-spark", "pyspark"]
+    assert any(r.startswith("psycopg[binary]") and 'extra == "postgres"' in r for r in requires)
+
+
+def test_the_pypi_description_has_no_relative_links(wheel: Path) -> None:
+    """PyPI resolves no relative link (README.md's docs/... links), so the long description
+    links only to absolute URLs."""
+    meta = _metadata(wheel)
+    assert meta["Description-Content-Type"] == "text/markdown"
+    text = re.sub(r"```.*?```|`[^`\n]*`", "", meta.get_payload(), flags=re.S)
+    targets = re.findall(r"\]\(([^)\s]+)\)|<a\s[^>]*href=\"([^\"]+)\"|src=\"([^\"]+)\"", text)
+    relative = [t for group in targets for t in group if t and not t.startswith("https://")]
+    assert not relative, relative
+    assert 'pip install "apache-airflow==' in meta.get_payload()  # the pinned install
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("sdist")
+    return build_sdist(copy_source(work / "src"), work / "dist")
+
+
+def test_the_sdist_is_the_repository(sdist: Path) -> None:
+    """Every file git tracks is in the sdist (the tests and their helpers among them), and
+    nothing of a local tree (caches, virtualenvs, bytecode) is."""
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    missing = sorted(set(tracked_files()) - names)
+    assert not missing, f"not in the sdist (MANIFEST.in): {missing}"
+    junk = sorted(n for n in names if re.search(r"(^|/)(__pycache__|\.venv|\.pg)(/|$)|\.pyc$", n))
+    assert not junk, junk
+    assert {"LICENSE", "constraints.txt", "tests/conftest.py", "tests/dbtools.py"} <= names
+
+
+@pytest.mark.slow
+def test_the_tests_run_from_the_unpacked_sdist(sdist: Path, tmp_path: Path) -> None:
+    """Every test module, helper imports included, collects from the unpacked sdist, and the
+    tests that read the repository's file list run there (against that tree, with no git)."""
+    with tarfile.open(sdist) as tar:
+        tar.extractall(tmp_path, filter="data")
+    (unpacked,) = tmp_path.iterdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    collected = _run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                      "-p", "no:cacheprovider"], cwd=unpacked, env=env).stdout
+    modules = {line.split("::", 1)[0] for line in collected.splitlines() if "::" in line}
+    assert modules == {f"tests/{p.name}" for p in (unpacked / "tests").glob("test_*.py")}
+    # the tests that read the repository's file list (git's in a clone, the sdist's here)
+    _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+          "tests/test_packaging.py::test_every_package_directory_is_declared",
+          "tests/test_packaging.py::test_the_sdist_is_the_repository",
+          "tests/test_docs_standalone.py",
+          "tests/test_docker_compose.py::test_everything_the_dockerfile_copies_is_in_the_repository"],
+         cwd=unpacked, env=env)

@@ -152,6 +152,15 @@ def test_rule_notify_to_sealed_target_is_recorded_undeliverable(store: EnvelopeS
     {"id": "x", "when": {"type": "t" * 201}, "do": [{"to": "architect"}]},
     {"id": "x", "do": [{"to": "architect", "payload": {"blob": "x" * 70_000}}]},
     {"id": "x", "do": [{"to": "a" * 201}]},
+    # strict types: a count is an integer, a flag a boolean, a name a string (not coerced)
+    {"id": "x", "do": [{"to": "architect"}], "limits": {"cooldownMs": "100"}},
+    {"id": "x", "do": [{"to": "architect"}], "limits": {"cooldownMs": True}},
+    {"id": "x", "do": [{"to": "architect"}], "max_hops": "3"},
+    {"id": "x", "do": [{"to": "architect"}], "max_hops": 3.0},
+    {"id": "x", "do": [{"to": "architect"}], "enabled": "yes"},
+    {"id": "x", "do": [{"to": "architect"}], "enabled": 0},
+    {"id": b"x", "do": [{"to": "architect"}]},
+    {"id": "x", "when": {"to": b"architect"}, "do": [{"to": "architect"}]},
 ])
 def test_rule_malformed_is_refused_and_stores_nothing(store: EnvelopeStore, bad: Any) -> None:
     _world(store)

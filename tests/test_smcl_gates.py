@@ -261,6 +261,27 @@ def test_confirmation_through_a_human_envelope(store: EnvelopeStore, world: dict
         assert ledger.execute(view.command_id, lambda: "ok").state is S.EXECUTED
 
 
+def test_the_deciding_envelope_is_consumed(store: EnvelopeStore, world: dict[str, str]
+                                          ) -> None:
+    """Issue 22: a confirmation envelope that decided its command was acted on, so it is
+    consumed; before, the demo left dana's answer in the travel desk's inbox, where it looked
+    stuck. One the ledger refused (a bad decision) stays, unconsumed, for a person to see."""
+    with CommandLedger(store) as ledger:
+        view = _book(ledger, "k")
+        bad = store.inject("alice", "plan", CONFIRMATION_TYPE,
+                           {"command_id": view.command_id, "decision": "maybe"},
+                           format="json").envelope_id
+        with pytest.raises(InvalidInput):
+            ledger.confirm_from_envelope(bad)
+        confirmed = ledger.confirmation_envelope("alice", view.command_id)
+        assert confirmed.state is S.CONFIRMED
+        [answer] = [e for e in store.trail(event="envelope_created")
+                    if e.envelope_id != bad and e.body.get("type") == CONFIRMATION_TYPE]
+        assert store.get(answer.envelope_id).consumed_at is not None
+        assert [e.id for e in store.inbox("plan")] == [bad]
+        assert store.verify_trail().ok
+
+
 def test_an_envelope_answer_closes_the_open_need(ledger: CommandLedger,
                                                 space: PostgresMarkSpace,
                                                 world: dict[str, str]) -> None:

@@ -114,3 +114,101 @@ def test_analytics_and_audit_dags_run_the_jobs_with_spark_submit(dsn: str,
     assert "spark-submit" in output and "agentpost-trail-audit" in output
     # a fresh install: no checkpoint yet, which the nightly DAG accepts with a warning
     assert "no checkpoint in" in output
+
+
+TRIGGER_AND_RENDER = '''
+"""Written by tests/test_spark_airflow.py: trigger DAGs through Airflow's REST API with
+``logical_date: null`` (the UI's trigger without a date), then render each run's task as the
+task runner does (`airflow tasks render DAG TASK RUN_ID`, in this process)."""
+import contextlib
+import io
+import json
+import sys
+
+from airflow.utils.db import initdb
+
+initdb()
+from airflow.api_fastapi.app import create_app, get_auth_manager
+from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+from airflow.cli.cli_parser import get_parser
+from airflow.dag_processing.bundles.manager import DagBundlesManager
+from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
+from fastapi.testclient import TestClient
+
+manager = DagBundlesManager()
+manager.sync_bundles_to_db()
+for bundle in manager.get_all_dag_bundles():
+    bundle.initialize()
+    bag = BundleDagBag(dag_folder=bundle.path, bundle_path=bundle.path, bundle_name=bundle.name)
+    assert not bag.import_errors, bag.import_errors
+    sync_bag_to_db(bag, bundle.name, bundle.version)
+client = TestClient(create_app("core"))
+token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="ADMIN"))
+parser = get_parser()
+results = {}
+for dag_id, task_id in json.loads(sys.argv[1]):
+    response = client.post(f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None},
+                           headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 200, response.text
+    run = response.json()
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            args = parser.parse_args(["tasks", "render", dag_id, task_id, run["dag_run_id"]])
+            args.func(args)
+        code = 0
+    except Exception as exc:  # the failure to show, as the task log would
+        code, out = 1, io.StringIO(f"{type(exc).__name__}: {exc}")
+    results[dag_id] = {"run": run, "code": code, "out": out.getvalue()}
+print("AGENTPOST-RESULT " + json.dumps(results), flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_a_run_triggered_without_a_date_covers_the_last_full_day(tmp_path: Path) -> None:
+    """Issue 22: a run of the analytics DAG triggered through the REST API with
+    ``logical_date: null`` has no data interval; its window is the last full UTC day before
+    it was triggered (it failed: "'data_interval_start' is undefined"), and the weekly
+    export's cut-off is a week before that day's end. Rendered as the task runner renders
+    the run Airflow created, no Spark needed to show it."""
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    shutil.copy(ROOT / "dags" / "agentpost_trail_jobs.py", dags)
+    (tmp_path / "trigger.py").write_text(TRIGGER_AND_RENDER)
+    env = airflow_env(tmp_path, "postgresql://unused@127.0.0.1:1/unused")
+    env["AIRFLOW__CORE__AUTH_MANAGER"] = (
+        "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
+    wanted = [["agentpost_trail_analytics", "analytics"], ["agentpost_trail_export", "export"]]
+    proc = subprocess.run([sys.executable, str(tmp_path / "trigger.py"), json.dumps(wanted)],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          check=False)
+    output = proc.stdout + proc.stderr
+    found = [ln for ln in proc.stdout.splitlines() if ln.startswith("AGENTPOST-RESULT ")]
+    assert proc.returncode == 0 and found, output[-8000:]
+    results = json.loads(found[-1].removeprefix("AGENTPOST-RESULT "))
+    for dag_id, result in results.items():
+        run = result["run"]
+        assert run["logical_date"] is None and run["data_interval_start"] is None, run
+        assert result["code"] == 0, f"{dag_id}: {result['out'][-4000:]}"
+    after = datetime.fromisoformat(results["agentpost_trail_analytics"]["run"]["run_after"])
+    end = after.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    analytics = rendered_fields(results["agentpost_trail_analytics"]["out"])
+    assert analytics["window_start"] == (end - timedelta(days=1)).isoformat(), analytics
+    assert analytics["window_end"] == end.isoformat(), analytics
+    export = rendered_fields(results["agentpost_trail_export"]["out"])
+    after = datetime.fromisoformat(results["agentpost_trail_export"]["run"]["run_after"])
+    end = after.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    assert f"'--before', '{(end - timedelta(days=7)).isoformat()}'" in export["job_args"], \
+        export
+
+
+def rendered_fields(text: str) -> dict[str, str]:
+    """`airflow tasks render`'s output: each ``# property: NAME`` and the value after it."""
+    fields: dict[str, str] = {}
+    name = None
+    for line in text.splitlines():
+        if line.startswith("# property: "):
+            name = line.removeprefix("# property: ").strip()
+        elif name is not None and not line.startswith("# ---") and line.strip():
+            fields.setdefault(name, line.strip())
+    return fields

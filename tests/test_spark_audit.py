@@ -106,8 +106,11 @@ def _seed(store: EnvelopeStore, ids: dict[str, str]) -> None:
         comp = ledger.compensate(bad.command_id, "undo-2", lambda: {"undone": True},
                                  auto_confirm="saga")
         idle = ledger.submit(a, "book-3", action="book", mutating=True)
+        gone = ledger.run(a, "book-4", lambda: {"room": 4}, action="book", mutating=True,
+                          auto_confirm="low-risk")
     assert (ok.state, bad.state, comp.state) == ("executed", "failed", "executed")
-    ids.update(executed=ok.command_id, compensation=comp.command_id, idle=idle.command_id)
+    ids.update(executed=ok.command_id, compensation=comp.command_id, idle=idle.command_id,
+               gone_command=gone.command_id)
     # a route through two actors
     routes = RouteStore(store)
     routes.setup(ACTORS)
@@ -116,7 +119,7 @@ def _seed(store: EnvelopeStore, ids: dict[str, str]) -> None:
     ((lease, env),) = routes.receive("prep")
     routes.complete("prep", lease, env, {"prepped": True})
     # one pair of workspaces per tamper, so each tamper has chains and rows of its own
-    for name in ("dup", "sig", "row", "hash", "del"):
+    for name in ("dup", "sig", "row", "hash", "del", "gone"):
         x, y = _pair(store, name)
         ids[f"{name}-1"] = _send(store, x, y, f"{name} one")
         ids[f"{name}-2"] = _send(store, x, y, f"{name} two")
@@ -132,6 +135,8 @@ def _seed(store: EnvelopeStore, ids: dict[str, str]) -> None:
     store.transition(y, "active")
     (lease,) = store.lease("dup-b", max=1)
     store.ack(lease.token)
+    ids["gone_right"] = store.grant_right("gone-b", "gone-a", "gone-b", kind="send_once")
+    ids["gone_workspace"] = store.create_workspace("agent", workspace_id="gone-ws").id
     ids["tail"] = store.create_workspace("agent", workspace_id="tail").id
     store.transition("tail", "active")
 
@@ -312,6 +317,16 @@ def _tamper_all(dsn: str, ids: dict[str, str]) -> dict[str, dict[str, set[str]]]
                                  "delivered_once": {ids["del-1"]},
                                  "lifecycle_entries": {ids["del-1"]},
                                  "envelope_rows": {ids["del-1"]}}
+    # rows deleted outright, triggers (foreign keys among them) off, as a superuser could:
+    # an envelope waiting in gone-b's inbox, a command, the route, a workspace, a port right
+    gone = {"envelopes": ids["gone-1"], "commands": ids["gone_command"], "routes": "r-1",
+            "workspaces": ids["gone_workspace"], "port_rights": ids["gone_right"]}
+    for table, row_id in gone.items():
+        _sql(dsn, "SET session_replication_role = replica;"
+                  f" DELETE FROM agentpost.{table} WHERE id = %s", (row_id,))
+    expected["deleted rows"] = {"rows_exist": {
+        f"envelope {ids['gone-1']}", f"command {ids['gone_command']}", "route r-1",
+        f"workspace {ids['gone_workspace']}", f"port right {ids['gone_right']}"}}
     return expected
 
 
@@ -386,6 +401,14 @@ def test_wacp_3_integrity_a_deleted_entry_breaks_the_chain_and_the_rows(
     chain_links name the entry after the gap; the envelope whose delivery it was is named by
     delivered_once, lifecycle_entries and envelope_rows."""
     _assert_named(tampered, "deleted entry")
+
+
+def test_wacp_3_integrity_rows_deleted_outright_fail_rows_exist(tampered: Tampered) -> None:
+    """WACP §3 Integrity: rows the trail names, deleted in the table (an envelope waiting in
+    an inbox, a command, a route, a workspace, a port right): rows_exist names each by kind
+    and id, and no other check sees them."""
+    _assert_named(tampered, "deleted rows")
+    assert tampered.report.checks["rows_exist"].failed == 5
 
 
 def test_wacp_4_rule_4_a_reordered_channel_fails_only_channel_order(tampered: Tampered) -> None:

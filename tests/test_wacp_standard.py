@@ -834,6 +834,40 @@ def test_standard_taxonomy_validation_required_fields(store: EnvelopeStore) -> N
                       format="json").reason == "permission_denied"
 
 
+def test_a_missing_required_field_is_named_in_the_rejection(store: EnvelopeStore) -> None:
+    """§9 invalid_structure for a payload without its type's required fields says which
+    fields (it said nothing: `detail` was null), on every way in: one send, a batch, the
+    Courier enqueue and the human highway."""
+    team(store)
+    store.register_type("review_request", ["coordinator"], ["worker"],
+                        required_fields=["task", "deadline"])
+    missing = "missing required field(s) of type 'review_request': "
+    one = store.send("coord", "w1", "review_request", {"task": "t"}, format="json")
+    assert (one.reason, one.detail) == ("invalid_structure", missing + "deadline")
+    prose = store.send("coord", "w1", "review_request", "task: t, deadline: d")
+    assert (prose.reason, prose.detail) == (
+        "invalid_structure", "type 'review_request' requires the field(s) task, deadline: "
+        "send a JSON object with format json")
+    batch = store.send_many([
+        {"from": "coord", "to": "w1", "type": "review_request", "content": {},
+         "format": "json", "envelope_id": "rr-1"},
+        {"from": "coord", "to": "w1", "type": "review_request", "content": {"task": 1},
+         "format": "json"}])
+    assert [r.detail for r in batch] == [missing + "task, deadline", missing + "deadline"]
+    queued = store.enqueue("agents/w1/inbox", {
+        "id": "rr-2", "ts": "2026-11-24T12:00:00Z", "from": "coord",
+        "type": "review_request", "payload": {"deadline": "friday"}})
+    assert (queued.reason, queued.detail) == ("invalid_structure", missing + "task")
+    human = store.inject("alice", "w1", "review_request", {"task": "t"}, format="json")
+    assert (human.reason, human.detail) == ("invalid_structure", missing + "deadline")
+    # a draft malformed in itself keeps its own detail, and a good one has none
+    bad = store.send("coord", "w1", "review_request", "{", format="json")
+    assert bad.detail == "content declared as json does not parse"
+    ok = store.send("coord", "w1", "review_request", {"task": "t", "deadline": "d"},
+                    format="json")
+    assert (ok.status, ok.detail) == ("acknowledged", None)
+
+
 def test_standard_taxonomy_validation_derived_role(store: EnvelopeStore) -> None:
     """Taxonomy validation (Standard): "Runtime MUST reject envelope types not registered in
     the taxonomy." — §2: a derived role `reviewer` sends a taxonomy-registered `report` to the

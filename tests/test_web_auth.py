@@ -3,19 +3,25 @@ acting roles may post, and a cookie-authenticated post needs the CSRF token and 
 Origin (docs/ui.md, "Where it lives and who may use it").
 
 The routes are enumerated from the mounted app itself, so a page added later is covered
-without editing this file. Runs against Airflow's real API app (auth on, the plugin mounted
-from its entry point) and a real store.
+without editing this file, and so are their parameters: a malformed one (a NUL byte in any
+path or query parameter, a word for a number) is a 400 on every route (a 404 for a static
+file, like any other name that is no file), after the sign-in check, writing nothing.
+Runs against Airflow's real API app (auth on, the plugin mounted from its entry point) and a
+real store.
 """
 
 from __future__ import annotations
 
 import re
+from typing import get_args
 
 import pytest
+from fastapi.dependencies.utils import get_flat_dependant
 from fastapi.routing import APIRoute, APIWebSocketRoute
 from starlette.routing import Mount
 
 from agentpost.store import EnvelopeStore
+from dbtools import all_rows
 from web_support import plugin_app
 
 PREFIX = "/agentpost"
@@ -33,6 +39,28 @@ def page_routes() -> list[tuple[str, str]]:
         if isinstance(route, APIRoute):
             for method in sorted(route.methods - {"HEAD"}):
                 out.append((method, _concrete(route.path)))
+    return out
+
+
+def bad_parameters() -> list[tuple[str, str, str]]:
+    """(method, URL, parameter) for every path and query parameter of every HTTP route: each
+    given a NUL byte in turn (the other path parameters filled in), and each integer query
+    parameter also a word."""
+    out = []
+    for route in plugin_app().routes:
+        if not isinstance(route, APIRoute):
+            continue
+        params = get_flat_dependant(route.dependant)
+        for method in sorted(route.methods - {"HEAD"}):
+            for param in params.path_params:
+                path = re.sub(r"\{" + param.name + r"(:path)?\}", "a%00b", route.path)
+                out.append((method, _concrete(path), param.name))
+            for param in params.query_params:
+                url = f"{_concrete(route.path)}?{param.name}="
+                out.append((method, url + "%00", param.name))
+                annotation = param.field_info.annotation
+                if int in (get_args(annotation) or (annotation,)):
+                    out.append((method, url + "many", param.name))
     return out
 
 
@@ -70,6 +98,31 @@ def test_anonymous_websockets_are_closed_with_4401(web, path: str) -> None:
         with pytest.raises(WebSocketDisconnect) as closed:
             ws.receive_json()
     assert closed.value.code == 4401
+
+
+def test_a_bad_parameter_is_a_400_on_every_route_and_changes_nothing(
+        web, module_dsn: str) -> None:
+    """Every route, every parameter: a NUL byte (which Postgres text cannot hold, nor a file
+    name) answers 400 naming the parameter, never a 500; a static file's name answers 404.
+    Anonymous callers still get 401 first. Posts are made as an acting role, so each gets as
+    far as its parameters; nothing is written."""
+    user = web.client(None, raise_server_exceptions=False)
+    anon = web.client(None, raise_server_exceptions=False)
+    asked = {**web.bearer("user"), "accept": "application/json"}
+    cases = bad_parameters()
+    assert {url for _, url, _ in cases} >= {"/?after=%00", "/api/inboxes?after=%00",
+                                            "/static/a%00b", "/marks?before=many"}
+    before = all_rows(module_dsn)
+    for method, url, name in cases:
+        r = user.request(method, PREFIX + url, headers=asked)
+        expected = 404 if url.startswith("/static/") else 400
+        assert r.status_code == expected, (method, url, r.status_code, r.text[:300])
+        message = r.json()["error"]["message"]
+        assert expected == 404 or message.startswith(f"{name}: "), (method, url, message)
+        assert anon.request(method, PREFIX + url).status_code == 401, (method, url)
+    page = user.get(PREFIX + "/?after=%00", headers={**web.bearer("user"), "accept": "text/html"})
+    assert page.status_code == 400 and "NUL byte" in page.text and "Traceback" not in page.text
+    assert all_rows(module_dsn) == before
 
 
 def test_a_forged_or_expired_token_is_refused_everywhere(web) -> None:
@@ -151,7 +204,7 @@ def test_the_gateway_answers_under_the_page_with_its_own_tokens(web, module_dsn:
         store.register_type("note", senders=["peer"], receivers=["peer"])
         store.create_workspace("peer", workspace_id="gw-a")
         store.create_workspace("peer", parent="gw-a", workspace_id="gw-b")
-        _, secret = TokenStore(store).create("ui-test", ["streams:*:enqueue",
+        _, secret = TokenStore(store).create("ui-test", ["streams:*:enqueue", "views:*:read",
                                                          "senders:*:send", "stats:*:read"])
     finally:
         store.close()
@@ -165,5 +218,10 @@ def test_the_gateway_answers_under_the_page_with_its_own_tokens(web, module_dsn:
     assert sent.json()["status"] == "acknowledged"
     stats = client.get(PREFIX + "/v1/stats?stream=gw-b", headers=auth)
     assert stats.status_code == 200 and stats.json()["depth"] == 1
+    # a NUL byte in a parameter is refused like any other malformed one, never a 500
+    nul = client.get(PREFIX + "/v1/stats?stream=gw%00b", headers=auth)
+    assert nul.status_code == 400 and "NUL" in nul.json()["error"]["message"], nul.text
+    view = client.get(PREFIX + "/v1/snapshot?view=latest%00", headers=auth)
+    assert view.status_code == 404 and "unknown view" in view.json()["error"]["message"]
     # an Airflow user's token is not a gateway token
     assert client.get(PREFIX + "/v1/stats", headers=web.bearer("admin")).status_code == 401

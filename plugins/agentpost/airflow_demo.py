@@ -1,16 +1,19 @@
 """Every example of dags/ on a real Airflow (`make demo`) or under `dag.test()` (`make
 demo-headless`).
 
-Both set up a fresh store database ``agentpost_demo`` by applying dags/fleet.yaml (what
-`agentpost fleet apply` does) and play the scenarios of `agentpost.demo_scenarios` in the
-same order; a person of the demo (``dana``) answers every command that waits for a
-confirmation through the human highway, as someone at `agentpost command confirm` would.
+Both set up a fresh store database of their own (``agentpost_demo``,
+``agentpost_demo_headless``: `agentpost.demo_store`) by applying the DAGs folder's fleet.yaml
+(what `agentpost fleet apply` does), sign the trail with a generated key unless
+AGENTPOST_TRAIL_KEY is set, and play the scenarios of `agentpost.demo_scenarios` in the same
+order; a person of the demo (``dana``) answers every command that waits for a confirmation
+through the human highway, as someone at `agentpost command confirm` would.
 The summary lists each run with its outcome, the checks made in the store and the trail.
 The exit code is 0 only when every run ended as expected (a run of a DAG tagged
 ``expect-failure`` fails and compensates) and the trail verifies.
 
 - `run_airflow_demo`: `airflow standalone` through `AirflowRuntime`, driven over REST
-  (`RestRunner`); keeps running until Ctrl-C, which stops every process started.
+  (`RestRunner`); keeps running until Ctrl-C, which stops every process started. While it
+  runs, its store is published where the CLI finds it (`agentpost.demo_store`).
 - `run_headless_demo`: no servers; `dag.test()` in one child process with its own
   AIRFLOW_HOME and SQLite metadata (`ChildRunner`, `agentpost.airflow_demo_child`).
 """
@@ -53,15 +56,24 @@ from agentpost.demo_scenarios import (
     is_example,
     load_demo_fleet,
 )
+from agentpost.demo_store import (
+    AIRFLOW_DATABASE,
+    HEADLESS_DATABASE,
+    demo_home,
+    demo_trail_key,
+    publish,
+    withdraw,
+)
+from agentpost.protocol.errors import InvalidInput
 from agentpost.store import CommandLedger, EnvelopeStore
 from agentpost.store.bootstrap import create_database, find_server
 from agentpost.store.migrations import migrate
-from agentpost.store.server import find_repo_root
+from agentpost.store.server import find_repo_root, redact_dsn
 
 __all__ = ["DemoPerson", "Outcome", "apply_demo_fleet", "is_example", "prepare_store",
            "run_airflow_demo", "run_headless_demo", "trail_summary"]
 
-DEMO_DATABASE = "agentpost_demo"
+DEMO_DATABASE = AIRFLOW_DATABASE
 PERSON = "dana"
 #: the child's line protocol (agentpost.airflow_demo_child)
 MARK = "AGENTPOST-"
@@ -115,11 +127,27 @@ class DemoPerson:
         self.ledger.close()
 
 
-def prepare_store(dsn: str | None, dags_folder: Path) -> str:
-    """The demo's store: `dsn` migrated, or a fresh ``agentpost_demo`` found by discovery;
-    with the fleet file of `dags_folder` applied."""
+def dags_folder_of(dags_folder: Path | str | None) -> Path:
+    """The DAGs folder a demo plays: the given one, else the checkout's ``dags/``; it must
+    hold the fleet file (InvalidInput, before anything is created, when it does not)."""
+    folder = Path(dags_folder or find_repo_root() / "dags").resolve()
+    if not (folder / FLEET_FILE).is_file():
+        where = "the given DAGs folder" if dags_folder else "a checkout of agentpost"
+        raise InvalidInput(
+            f"no {FLEET_FILE} in {folder}: the Airflow demos play the example DAGs and their "
+            f"fleet file, found in {where}; run it in a checkout of the agentpost repository, "
+            "or pass --dags-folder with a folder holding them")
+    return folder
+
+
+def prepare_store(dsn: str | None, dags_folder: Path,
+                  database: str = DEMO_DATABASE) -> str:
+    """The demo's store: `dsn` migrated, or a fresh `database` found by discovery (signed
+    with a generated key unless AGENTPOST_TRAIL_KEY is set); with the fleet file of
+    `dags_folder` applied."""
     if dsn is None:
-        dsn = create_database(find_server().dsn, DEMO_DATABASE, fresh=True)
+        dsn = create_database(find_server().dsn, database, fresh=True)
+        demo_trail_key()
     migrate(dsn)
     print(f"\n== Fleet: agentpost fleet apply {dags_folder / FLEET_FILE}", flush=True)
     apply_demo_fleet(dsn, dags_folder)
@@ -174,19 +202,22 @@ def _play(runner: Any, dsn: str, dags: dict[str, set[str]], folder: Path) -> int
 
 def run_airflow_demo(dsn: str | None = None, *, keep_running: bool = True,
                      dags_folder: Path | None = None, home: Path | None = None) -> int:
-    """`make demo`: the scenarios on `airflow standalone`, then wait for Ctrl-C."""
+    """`make demo`: the scenarios on `airflow standalone`, then wait for Ctrl-C. Its store
+    is published for the CLI (`agentpost.demo_store`) until it stops."""
     _interrupt_on_signals()
-    root = find_repo_root()
-    folder = Path(dags_folder or root / "dags").resolve()
+    folder = dags_folder_of(dags_folder)
+    had_key = bool(os.environ.get("AGENTPOST_TRAIL_KEY"))
     dsn = prepare_store(dsn, folder)
-    home = home or root / ".airflow-demo"
+    home = home or demo_home()
     shutil.rmtree(home, ignore_errors=True)
     runtime = AirflowRuntime(dsn, dags_folder=folder, home=home)
+    publish(home, dsn, None if had_key else os.environ.get("AGENTPOST_TRAIL_KEY"))
+    print(f"agentpost demo: store {redact_dsn(dsn)}", flush=True)
     print(f"agentpost demo: starting Airflow (standalone; log: {runtime.log_path})", flush=True)
     try:
         runtime.start()
         code = _run_on(runtime, dsn)
-        _print_access(runtime)
+        _print_access(runtime, dsn)
         if keep_running:
             print("\nAirflow keeps running; Ctrl-C stops it and everything it started.",
                   flush=True)
@@ -199,6 +230,7 @@ def run_airflow_demo(dsn: str | None = None, *, keep_running: bool = True,
         return 130
     finally:
         print("agentpost demo: stopping Airflow ...", flush=True)
+        withdraw(home)
         runtime.stop()
         print(f"agentpost demo: stopped, {len(runtime.processes())} process(es) left",
               flush=True)
@@ -322,14 +354,17 @@ def _might_hold_dags(path: Path) -> bool:
     return "airflow" in text and "dag" in text
 
 
-def _print_access(runtime: AirflowRuntime) -> None:
+def _print_access(runtime: AirflowRuntime, dsn: str) -> None:
     login = runtime.credentials()
     print("\n== Airflow")
     print(f"  UI:       {runtime.url}")
     print(f"  agents:   {runtime.url}/agentpost/  (also Browse → Agents in the UI)")
     print(f"  login:    {login.username} / {login.password}  (generated into "
           f"{runtime.home / 'simple_auth_manager_passwords.json.generated'})")
-    print(f"  log:      {runtime.log_path}", flush=True)
+    print(f"  log:      {runtime.log_path}")
+    print(f"  store:    {redact_dsn(dsn)}")
+    print("  CLI:      agentpost inbox worker-a  (from this checkout, the CLI uses this store "
+          "while the demo runs)", flush=True)
 
 
 def _wait_for_ctrl_c(runtime: AirflowRuntime) -> None:
@@ -347,8 +382,8 @@ def _wait_for_ctrl_c(runtime: AirflowRuntime) -> None:
 def run_headless_demo(dsn: str | None = None, dags_folder: Path | None = None) -> int:
     """`make demo-headless`: the scenarios under `dag.test()`, no servers; 1 unless every
     run ended as expected."""
-    folder = Path(dags_folder or find_repo_root() / "dags").resolve()
-    dsn = prepare_store(dsn, folder)
+    folder = dags_folder_of(dags_folder)
+    dsn = prepare_store(dsn, folder, HEADLESS_DATABASE)
     print(f"agentpost demo --headless: dag.test() of the DAGs in {folder}", flush=True)
     with tempfile.TemporaryDirectory(prefix="agentpost-headless-") as home, \
             EnvelopeStore(dsn) as store:

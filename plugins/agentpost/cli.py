@@ -1,10 +1,12 @@
 """The `agentpost` command line.
 
-Every command finds its store the same way: ``--dsn``, else AGENTPOST_DSN, else Postgres
-discovery (a server on 127.0.0.1:5432, else the private cluster under ``.pg/``) with the
-database ``agentpost``, created and migrated on first use. Errors print one line to stderr and
-exit non-zero: 1 for a failed check (verify) or a rejected envelope, 2 for bad usage or input,
-3 when the store cannot be reached or is misconfigured.
+Every command finds its store the same way: ``--dsn``, else AGENTPOST_DSN, else the store of
+the `make demo` running from this checkout (`agentpost.demo_store`; a note on stderr says so),
+else Postgres discovery (a server on 127.0.0.1:5432, else the private cluster under ``.pg/``)
+with the database ``agentpost``, created and migrated on first use. Errors print one line to
+stderr and exit non-zero: 1 for a failed check (verify) or a rejected envelope, 2 for bad
+usage or input, 3 when the store cannot be reached or is misconfigured. An error about
+something missing (an unknown workspace, command, ...) names the store it looked in.
 """
 
 from __future__ import annotations
@@ -32,13 +34,44 @@ EXIT_STORE = 3
 DEFAULT_DATABASE = "agentpost"
 
 
+def store_dsn(args: argparse.Namespace) -> str:
+    """The DSN of the store the command works on (see the module docstring), remembered on
+    `args` so an error can name it; with the trail key a running demo published."""
+    if getattr(args, "store_dsn", None):
+        return args.store_dsn
+    dsn = args.dsn or os.environ.get("AGENTPOST_DSN")
+    if not dsn:
+        dsn = _demo_store(args) or _default_store()
+    args.store_dsn = dsn
+    return dsn
+
+
+def _demo_store(args: argparse.Namespace) -> str | None:
+    from agentpost.demo_store import running_demo_store
+    from agentpost.store.server import redact_dsn
+
+    demo = running_demo_store()
+    if demo is None:
+        return None
+    if not os.environ.get("AGENTPOST_TRAIL_KEY"):
+        args.trail_key = demo.trail_key
+    print(f"agentpost: using the store of the demo running here (pid {demo.pid}): "
+          f"{redact_dsn(demo.dsn)}", file=sys.stderr)
+    return demo.dsn
+
+
+def _default_store() -> str:
+    from agentpost.store.bootstrap import ensure_database
+
+    return ensure_database(DEFAULT_DATABASE)
+
+
 def _store(args: argparse.Namespace) -> Any:
     """The store the command works on (created and migrated when found by discovery)."""
     from agentpost.store import EnvelopeStore
-    from agentpost.store.bootstrap import ensure_database
 
-    dsn = args.dsn or os.environ.get("AGENTPOST_DSN") or ensure_database(DEFAULT_DATABASE)
-    return EnvelopeStore(dsn)
+    dsn = store_dsn(args)
+    return EnvelopeStore(dsn, trail_key=getattr(args, "trail_key", None))
 
 
 def _print_json(value: Any) -> None:
@@ -132,13 +165,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
               f"{_verified_since(result)}{_verified_anchor(result)}"
               + ("" if args.out is None else f"; its checkpoint written to {args.out}"))
         return 0
-    where = (f"entry #{result.failure_id}" if result.failure_id is not None
-             else "a removed entry")
-    print(f"trail verification FAILED at {where} (chain {result.failure_chain}, "
-          f"seq {result.failure_seq}): {result.failure}; {result.failures} failure(s) in all",
-          file=sys.stderr)
+    where = (f" at entry #{result.failure_id} (chain {result.failure_chain}, "
+             f"seq {result.failure_seq})" if result.failure_id is not None
+             else f" (chain {result.failure_chain})")
+    print(f"trail verification FAILED{where}: {result.failure}; {result.failures} "
+          f"failure(s) in all", file=sys.stderr)
     for mismatch in result.anchor_mismatches:
         print(f"  {mismatch.problem}", file=sys.stderr)
+    for row in result.missing_rows:
+        print(f"  missing row: {row.kind} {row.id} (named in chain {row.chain})",
+              file=sys.stderr)
     return EXIT_FAILED
 
 
@@ -199,11 +235,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.airflow:
         from agentpost.airflow_demo import run_airflow_demo
 
-        return run_airflow_demo(dsn=args.dsn)
+        return run_airflow_demo(dsn=args.dsn, dags_folder=args.dags_folder)
     if args.headless:
         from agentpost.airflow_demo import run_headless_demo
 
-        return run_headless_demo(dsn=args.dsn)
+        return run_headless_demo(dsn=args.dsn, dags_folder=args.dags_folder)
+    if args.dags_folder is not None:
+        raise InvalidInput("--dags-folder is for the Airflow demos (--airflow, --headless); "
+                           "the terminal demo plays no DAGs")
     from agentpost.demo import run_demo
 
     return run_demo(dsn=args.dsn)
@@ -220,14 +259,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_spark(args: argparse.Namespace) -> int:
     """A Spark job in this process (local mode unless --master says otherwise); the same
-    `main` spark-submit runs."""
-    import importlib
+    `main` spark-submit runs. `check` only says whether the jobs can run here."""
+    from agentpost.spark import install
+    from agentpost.spark.apps import run
 
+    if args.job == "check":
+        trouble = install.problem()
+        print(f"agentpost spark check: {trouble}" if trouble else install.summary(),
+              file=sys.stderr if trouble else sys.stdout)
+        return EXIT_USAGE if trouble else 0
     job_args = list(args.job_args)
     if args.dsn and "--dsn" not in job_args:
         job_args = ["--dsn", args.dsn, *job_args]
-    main = importlib.import_module(f"agentpost.spark.{args.job}").main
-    return main(job_args)
+    return run(args.job, job_args)
 
 
 def _short(text: str | None, width: int = 60) -> str:
@@ -250,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="run the example DAGs on `airflow standalone` until Ctrl-C")
     mode.add_argument("--headless", action="store_true",
                       help="run the example DAGs with dag.test(), no servers")
+    demo.add_argument("--dags-folder", metavar="DIR",
+                      help="the DAGs and fleet.yaml the Airflow demos play (default: dags/ "
+                           "of the agentpost checkout this runs in)")
     demo.set_defaults(func=cmd_demo)
 
     ws = sub.add_parser("workspace", help="create, move or list workspaces")
@@ -316,8 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     spark = sub.add_parser("spark", help="run a Spark job over the trail in this process: "
                                          "analytics, audit or export (--help after the job "
-                                         "lists its options)")
-    spark.add_argument("job", choices=["analytics", "audit", "export"])
+                                         "lists its options); check: can the jobs run here")
+    spark.add_argument("job", choices=["analytics", "audit", "export", "check"])
     spark.add_argument("job_args", nargs=argparse.REMAINDER,
                        help="the job's options (e.g. --start ... --end ...)")
     spark.set_defaults(func=cmd_spark)
@@ -356,6 +403,17 @@ _EXIT_CODES: Sequence[tuple[type[Exception], int]] = (
 )
 
 
+def _where(args: argparse.Namespace, exc: AgentpostError) -> str:
+    """For something missing: the store it was looked for in (its DSN without a password),
+    since "unknown workspace" in the wrong database is the usual first-hour puzzle."""
+    dsn = getattr(args, "store_dsn", None)
+    if not isinstance(exc, NotFound) or not dsn:
+        return ""
+    from agentpost.store.server import redact_dsn
+
+    return f" (in the store {redact_dsn(dsn)})"
+
+
 def _one_line_warning(message: Warning | str, *args: object, **kwargs: object) -> str:
     return f"agentpost: warning: {message}\n"
 
@@ -368,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except AgentpostError as exc:
         message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        print(f"agentpost: {message}", file=sys.stderr)
+        print(f"agentpost: {message}{_where(args, exc)}", file=sys.stderr)
         return next(code for kind, code in _EXIT_CODES if isinstance(exc, kind))
     except KeyboardInterrupt:
         return 130

@@ -65,14 +65,26 @@ class Settings(BaseModel):
         except ValueError as exc:
             raise ConfigurationError(f"bad agentpost configuration: {exc}") from None
         if settings.trail_key == DEVELOPMENT_TRAIL_KEY:
-            warnings.warn("AGENTPOST_TRAIL_KEY is not set: the trail is signed with the public "
-                          "development key", stacklevel=2)
+            _warn_development_key()
         return settings
 
     def require_dsn(self) -> str:
         if not self.dsn:
             raise ConfigurationError("no store configured: set AGENTPOST_DSN")
         return self.dsn
+
+
+_warned: list[bool] = []
+
+
+def _warn_development_key() -> None:
+    """Warn once per process: every store, hook and task builds its settings, and one line
+    says it all (Python's own once-per-location filter would repeat it per caller)."""
+    if _warned:
+        return
+    _warned.append(True)
+    warnings.warn("AGENTPOST_TRAIL_KEY is not set: the trail is signed with the public "
+                  "development key", stacklevel=3)
 
 
 def mark_content_limit(value: object = None) -> int:

@@ -1,7 +1,9 @@
 """The terminal demo: a coordinator and two workers talk through the store.
 
-It runs against a fresh database ``agentpost_demo`` on the server discovery finds (or on
-``dsn``), narrates each step, prints the trail and verifies it.
+It runs against a fresh database ``agentpost_demo_terminal`` on the server discovery finds
+(or on ``dsn``), narrates each step, prints the trail and verifies it. Its database is its
+own: `make demo`'s store (``agentpost_demo``) is never touched, and a database someone is
+connected to is never dropped (`agentpost.demo_store`).
 """
 
 from __future__ import annotations
@@ -9,11 +11,13 @@ from __future__ import annotations
 import json
 
 from agentpost.cli import format_trail_event
+from agentpost.demo_store import TERMINAL_DATABASE, demo_trail_key
 from agentpost.store import EnvelopeStore
 from agentpost.store.bootstrap import create_database, find_server
 from agentpost.store.migrations import migrate
+from agentpost.store.server import redact_dsn
 
-DEMO_DATABASE = "agentpost_demo"
+DEMO_DATABASE = TERMINAL_DATABASE
 
 
 def _say(text: str) -> None:
@@ -25,11 +29,17 @@ def _step(title: str) -> None:
 
 
 def run_demo(dsn: str | None = None) -> int:
+    """The scenario on `dsn`, or on a fresh database of its own signed with a generated
+    key (unless AGENTPOST_TRAIL_KEY is set)."""
     if dsn is None:
         server = find_server()
         dsn = create_database(server.dsn, DEMO_DATABASE, fresh=True)
+        shown = redact_dsn(dsn)
         print(f"agentpost demo: using a fresh database {DEMO_DATABASE!r} ({server.source} "
-              f"Postgres)")
+              f"Postgres): {shown}\n  look at it again with: agentpost --dsn '{shown}' trail")
+        if demo_trail_key():
+            print("  (its trail is signed with a key generated for this run: set "
+                  "AGENTPOST_TRAIL_KEY before the demo to verify it later)")
     migrate(dsn)
     with EnvelopeStore(dsn) as store:
         return _scenario(store)

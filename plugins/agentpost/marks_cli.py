@@ -9,7 +9,6 @@ here so the next try calls. Registered by agentpost.cli."""
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from agentpost.protocol.errors import NotFound
@@ -18,10 +17,8 @@ from agentpost.protocol.errors import NotFound
 def _space(args: argparse.Namespace) -> Any:
     from agentpost import cli
     from agentpost.marks.postgres import PostgresMarkSpace
-    from agentpost.store.bootstrap import ensure_database
 
-    dsn = args.dsn or os.environ.get("AGENTPOST_DSN") or ensure_database(cli.DEFAULT_DATABASE)
-    return PostgresMarkSpace(dsn=dsn, space=args.space)
+    return PostgresMarkSpace(dsn=cli.store_dsn(args), space=args.space)
 
 
 def cmd_mark_key(args: argparse.Namespace) -> int:

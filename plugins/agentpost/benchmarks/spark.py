@@ -138,6 +138,12 @@ def _sql_aggregates(dsn: str, start: datetime, end: datetime) -> int:
 
 
 def run(*, dsn: str | None = None, scale: float = 1.0) -> int:
+    from agentpost.spark import install
+
+    trouble = install.problem()
+    if trouble:
+        print(f"agentpost bench spark: {trouble}", file=sys.stderr)
+        return 2
     from agentpost.spark.analytics import run_analytics
     from agentpost.spark.audit import run_audit
     from agentpost.spark.results import Window

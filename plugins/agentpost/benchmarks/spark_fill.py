@@ -7,8 +7,9 @@ chain, then `envelope_delivered`, the `acknowledged` signal, `envelope_leased` a
 `envelope_consumed` in the recipient's), 10 are delivered and still wait in the inbox (three
 entries) and 5 are rejected (`envelope_rejected` and the `rejected` signal, in the sender's
 chain). Every entry carries the signed envelope row state its step leaves, the envelope rows
-are loaded too, and each chain is hashed and signed as `_trail_write` does, so both the
-store's `verify_trail()` and the Spark audit accept the whole trail.
+and the agents' workspace rows are loaded too (every row the trail names exists), and each
+chain is hashed and signed as `_trail_write` does, so both the store's `verify_trail()` and
+the Spark audit accept the whole trail.
 
 Per entry the work is string formatting, one SHA-256 for the chain and two for the HMAC (its
 pads pre-hashed once); rows stream into COPY while they are made, so Postgres and Python
@@ -251,9 +252,22 @@ def fill_part(dsn: str, key: bytes, plan: Plan) -> int:
     return chains.entries
 
 
+#: the agents' workspace rows, whose chains the trail names (their creation entries are not
+#: part of the synthetic history: each chain starts with the agent's first envelope)
+WORKSPACES = ("INSERT INTO agentpost.workspaces (id, role, lineage, originator) "
+              "SELECT 'spark-agent-' || k, 'worker', '{worker}', 'system' "
+              "FROM generate_series(0, %s - 1) k")
+
+
 def fill(dsn: str, key: bytes, plan: Plan, *, parts: int = 2) -> int:
-    """Load `plan` in `parts` processes side by side, then analyze; returns the number of
-    trail entries."""
+    """Load `plan`'s workspaces, then its history in `parts` processes side by side, then
+    analyze; returns the number of trail entries."""
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(WORKSPACES, (plan.agents,))
+    finally:
+        conn.close()
     with ProcessPoolExecutor(max_workers=parts) as pool:
         entries = sum(pool.map(fill_part, [dsn] * parts, [key] * parts,
                                [plan.part(g, parts) for g in range(parts)]))

@@ -935,6 +935,23 @@ class PostgresMarkSpace(SpaceBase):
             yield
 
     @contextmanager
+    def joined(self, conn: Any) -> Iterator[None]:
+        """Run this object's calls from this thread, inside the block, in a transaction the
+        caller holds open on `conn` (a psycopg2 connection to the same database, such as the
+        one `Database.transaction()` yields): they commit or roll back with the caller's
+        other statements (a fleet apply's subscriptions with its registry changes). Write
+        hooks of marks written inside do not fire: the caller owns the commit."""
+        tx = self._tx
+        if tx.conn is not None:
+            raise InvalidArgument("this thread already has a transaction open on this space")
+        # hooks held and never fired, names recorded never remembered: the caller commits
+        tx.conn, tx.failed, tx.pending, tx.named = conn, False, [], []
+        try:
+            yield
+        finally:
+            tx.conn = tx.pending = tx.named = None
+
+    @contextmanager
     def _transaction(self, key: str) -> Iterator[None]:
         """Hold the advisory lock `key` in a transaction pinned to this thread (or join the
         thread's open one); commit at the end of the block, roll back if it raises or if a

@@ -29,6 +29,9 @@ from pydantic import (
     Discriminator,
     Field,
     PrivateAttr,
+    StrictBool,
+    StrictFloat,
+    StrictStr,
     Tag,
     ValidationError,
     field_validator,
@@ -47,6 +50,9 @@ from agentpost.marks.core import (
 from agentpost.protocol.errors import InvalidInput
 
 FORMAT_VERSION = 1
+#: how deeply a fleet file may nest (mappings and lists, the top level being 1); far beyond
+#: any real file, and well within what the YAML composer and later JSON encoders recurse into
+MAX_DEPTH = 64
 #: what the store defines before any fleet (sql/0001_registry.sql)
 BUILTIN_ROLES = ("coordinator", "worker", "observer")
 BUILTIN_TYPES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -57,11 +63,13 @@ BUILTIN_TYPES: dict[str, tuple[tuple[str, str], ...]] = {
 #: agent ids are uuid5(this, "<space>/<agent name>"): the same in every process and run
 AGENT_NAMESPACE = UUID("0b6f3c5e-8a51-5d1e-9a3f-6c1d2e7f4a90")
 
+#: unknown keys refused; names are strings and flags booleans, never coerced (a quoted
+#: "yes" is not true, a !!binary value not a name)
 _STRICT = ConfigDict(extra="forbid", frozen=True)
-RoleName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9._-]*$", max_length=64)]
-Ident = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
+RoleName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z][A-Za-z0-9._-]*$", max_length=64)]
+Ident = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)]
 CallableRef = Annotated[
-    str, Field(pattern=r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$", max_length=200)
+    StrictStr, Field(pattern=r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$", max_length=200)
 ]
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _UNITS = {None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -118,7 +126,7 @@ class WorkspaceDef(BaseModel):
     role: RoleName
     parent: Ident | None = None
     originator: Ident = "system"
-    delegation: bool = False
+    delegation: StrictBool = False
 
 
 class InboxInput(BaseModel):
@@ -141,7 +149,7 @@ class EnvelopeOutput(BaseModel):
 class MarkOutput(BaseModel):
     model_config = _STRICT
 
-    scope: str
+    scope: StrictStr
     mark_type: MarkType
 
 
@@ -171,13 +179,13 @@ class AgentDef(BaseModel):
     id: UUID | None = None
     workspace: Ident | None = None
     scopes: dict[str, tuple[MarkType, ...]] = Field(default_factory=dict)
-    read_scopes: tuple[str, ...] = ()
+    read_scopes: tuple[StrictStr, ...] = ()
     inputs: tuple[Input, ...] = ()
     outputs: tuple[Output, ...] = ()
     schedule: float | Literal["reactive"] | None = None
     callable: CallableRef | None = None
     config: dict[str, Any] = Field(default_factory=dict)
-    expected_activity: dict[MarkType, float] = Field(default_factory=dict)
+    expected_activity: dict[MarkType, StrictFloat] = Field(default_factory=dict)
     budget: TokenBudget | None = None
 
     @field_validator("schedule", mode="before")
@@ -216,13 +224,21 @@ class Fleet(BaseModel):
 
     version: Literal[1] = FORMAT_VERSION
     name: Ident
-    space: Annotated[str, Field(min_length=1, max_length=200)] = "default"
+    space: Annotated[StrictStr, Field(min_length=1, max_length=200)] = "default"
     roles: tuple[RoleDef, ...] = ()
     types: tuple[TypeDef, ...] = ()
     workspaces: tuple[WorkspaceDef, ...] = ()
     scopes: tuple[Scope, ...] = ()
     agents: tuple[AgentDef, ...] = ()
     _source: str = PrivateAttr("<fleet>")
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, value: object) -> object:
+        """The integer 1: not true, 1.0 or "1" (a Literal compares equal to them)."""
+        if type(value) is not int:
+            raise ValueError(f"Input should be 1, the integer, not {type(value).__name__}")
+        return value
 
     @property
     def source(self) -> str:
@@ -267,9 +283,28 @@ class Fleet(BaseModel):
 # -- loading --------------------------------------------------------------------------------
 
 
+class _TooDeep(yaml.composer.ComposerError):
+    """A document nested deeper than MAX_DEPTH."""
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, refusing a mapping with the same key twice (PyYAML keeps the
-    last silently, which would hide half of a definition)."""
+    last silently, which would hide half of a definition) and nesting deeper than
+    MAX_DEPTH (PyYAML composes nodes recursively: 5,000 levels were a RecursionError)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.ScalarEvent, yaml.AliasEvent):  # no level of its own
+            return super().compose_node(parent, index)
+        if self._depth >= MAX_DEPTH:
+            raise _TooDeep(None, None, f"nested deeper than {MAX_DEPTH} levels",
+                           self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -305,7 +340,9 @@ def parse_fleet(text: str, source: str = "<fleet>") -> Fleet:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise FleetError(source, line, f"not valid YAML: {problem}") from None
+        if not isinstance(exc, _TooDeep):
+            problem = f"not valid YAML: {problem}"
+        raise FleetError(source, line, problem) from None
     return fleet_from_dict(data, source)
 
 
@@ -314,6 +351,8 @@ def fleet_from_dict(data: object, source: str = "<fleet>") -> Fleet:
     if not isinstance(data, Mapping):
         raise FleetError(source, "", "a fleet file is a mapping with name, roles, types, "
                          "workspaces, scopes and agents")
+    if _too_deep(data):
+        raise FleetError(source, "", f"nested deeper than {MAX_DEPTH} levels")
     try:
         fleet = Fleet.model_validate(data)
     except ValidationError as exc:
@@ -321,6 +360,26 @@ def fleet_from_dict(data: object, source: str = "<fleet>") -> Fleet:
         raise FleetError(source, _entry(data, first["loc"]), _problem(first)) from None
     fleet._source = source
     return checked(fleet)
+
+
+def _too_deep(data: object) -> bool:
+    """Whether `data` nests mappings and lists deeper than MAX_DEPTH, without recursing. A
+    node shared by several parents (a YAML alias) is walked again only when reached deeper
+    than before, so shared nodes cost no exponential walk."""
+    deepest: dict[int, int] = {}
+    stack: list[tuple[object, int]] = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if not isinstance(node, Mapping | list | tuple):
+            continue
+        if depth > MAX_DEPTH:
+            return True
+        if deepest.get(id(node), 0) >= depth:
+            continue
+        deepest[id(node)] = depth
+        children = node.values() if isinstance(node, Mapping) else node
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def checked(fleet: Fleet) -> Fleet:
@@ -530,6 +589,7 @@ __all__ = [
     "AGENT_NAMESPACE",
     "BUILTIN_ROLES",
     "BUILTIN_TYPES",
+    "MAX_DEPTH",
     "AgentDef",
     "EnvelopeOutput",
     "Fleet",

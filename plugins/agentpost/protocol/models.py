@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 
 class Priority(StrEnum):
@@ -74,7 +74,7 @@ class Right(_Frozen):
     """A port right carried in an envelope's `rights` field."""
 
     type: RightType
-    target: str
+    target: StrictStr
 
 
 class Payload(_Frozen):
@@ -84,15 +84,16 @@ class Payload(_Frozen):
 
 
 class Draft(_Frozen):
-    """What a caller asks to send. The runtime assigns everything else."""
+    """What a caller asks to send. The runtime assigns everything else. Text fields take
+    strings only (bytes are refused, not decoded), like the mapping form of a draft."""
 
-    sender: str = Field(alias="from")
-    to: str
-    type: str
-    content: str
-    format: str = "markdown"
-    attachments: tuple[str, ...] = ()
-    in_reply_to: str | None = None
+    sender: StrictStr = Field(alias="from")
+    to: StrictStr
+    type: StrictStr
+    content: StrictStr
+    format: StrictStr = "markdown"
+    attachments: tuple[StrictStr, ...] = ()
+    in_reply_to: StrictStr | None = None
     priority: Priority = Priority.NORMAL
     rights: tuple[Right, ...] = ()
 
@@ -206,6 +207,16 @@ class ChainMismatch(_Frozen):
     problem: str
 
 
+class MissingRow(_Frozen):
+    """A row the trail names that is gone (WACP §3 Integrity): deleted outright, bypassing
+    the store. `kind` is one of `protocol.named_rows.KINDS`; `chain` is a chain whose entries
+    name it."""
+
+    kind: str
+    id: str
+    chain: str
+
+
 class TrailVerification(_Frozen):
     """The result of checking every chain: the first failing entry (lowest trail id) is named
     by id, chain and sequence number, with what failed. Verified against an anchor (a
@@ -230,3 +241,5 @@ class TrailVerification(_Frozen):
     #: the signed checkpoint of the heads this run verified (None if it failed): keep it
     #: outside the database and give it as `since` to the next run
     checkpoint: dict[str, Any] | None = None
+    #: rows the trail names that are missing (the first MAX_NAMED_ROWS; each is a failure)
+    missing_rows: tuple[MissingRow, ...] = ()

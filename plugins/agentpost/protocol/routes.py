@@ -59,7 +59,16 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
 
 from agentpost.protocol.errors import (  # re-exported: the route errors live with the rest
     InvalidInput,
@@ -129,10 +138,13 @@ def _route_problem(actors: tuple[str, ...], current: int, end: str | None) -> st
 
 
 class Route(_Frozen):
-    actors: tuple[str, ...]
-    current: int = 0
+    """Strict types: an index is an integer (``"1"``, ``1.0`` or ``true`` is refused, as
+    Asya's runtime refuses them, not coerced), a name a string."""
+
+    actors: tuple[StrictStr, ...]
+    current: StrictInt = 0
     #: the end actor the envelope went to, None while an actor of the route holds it
-    end: str | None = None
+    end: StrictStr | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Route:
@@ -163,21 +175,21 @@ Header = str | int | float | bool | None
 
 
 class RoutedEnvelope(_Frozen):
-    id: str = Field(pattern=ENVELOPE_ID)
-    parent_id: str | None = Field(default=None, pattern=ENVELOPE_ID)
+    id: StrictStr = Field(pattern=ENVELOPE_ID)
+    parent_id: StrictStr | None = Field(default=None, pattern=ENVELOPE_ID)
     route: Route
-    headers: dict[str, Header] = Field(default_factory=dict)
+    headers: dict[StrictStr, Header] = Field(default_factory=dict)
     payload: JsonValue
     #: how many fan-outs this id made so far (runtime bookkeeping, not in Asya's shape): it
     #: names the children of the next one (`fan_out_id`)
-    fan_outs: int = Field(default=0, ge=0)
+    fan_outs: StrictInt = Field(default=0, ge=0)
 
 
 class ActorError(_Frozen):
     """An actor's error result (Asya's error object)."""
 
-    error: str = Field(min_length=1)
-    message: str | None = None
+    error: StrictStr = Field(min_length=1)
+    message: StrictStr | None = None
     details: JsonValue = None
 
 
@@ -192,9 +204,17 @@ class Step(_Frozen):
 # ---- building and validating --------------------------------------------------------------
 
 
+#: the strict types' refusals, in the words of Asya's runtime ("must be an integer")
+_STRICT_WORDS = {"int_type": "an integer", "string_type": "a string"}
+
+
 def _invalid(exc: ValidationError) -> InvalidRoute:
     first = exc.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "route"
+    kind = _STRICT_WORDS.get(first["type"])
+    if kind is not None:
+        given = type(first.get("input")).__name__
+        return InvalidRoute(f"{where}: must be {kind}, not {given}")
     return InvalidRoute(f"{where}: {first['msg'].removeprefix('Value error, ')}")
 
 

@@ -11,7 +11,16 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
 
 from agentpost.protocol.errors import InvalidInput
 from agentpost.protocol.leases import workspace_of
@@ -54,11 +63,12 @@ class RuleWhen(_Frozen):
     """Every given condition must hold: exact `to`, `from` and `type`; the envelope carries
     all of `tags`; each of `headers` has exactly that value."""
 
-    to: str | None = None
-    from_: str | None = Field(default=None, alias="from")
-    type: str | None = None
-    tags: tuple[str, ...] = ()
-    headers: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    to: StrictStr | None = None
+    from_: StrictStr | None = Field(default=None, alias="from")
+    type: StrictStr | None = None
+    tags: tuple[StrictStr, ...] = ()
+    #: (each value keeps its JSON type: "1" matches the string "1" only)
+    headers: dict[StrictStr, str | int | float | bool] = Field(default_factory=dict)
 
     @field_validator("to", "from_", "type")
     @classmethod
@@ -94,8 +104,8 @@ class NotifyAction(_Frozen):
     like refer to the inserted envelope."""
 
     action: Literal["notify"] = "notify"
-    to: str
-    type: str = "notification"
+    to: StrictStr
+    type: StrictStr = "notification"
     payload: dict[str, Any] | list[Any] | str = Field(default_factory=dict)
     priority: Priority = Priority.NORMAL
 
@@ -121,17 +131,20 @@ class NotifyAction(_Frozen):
 
 
 class RuleLimits(_Frozen):
-    cooldown_ms: int = Field(default=0, alias="cooldownMs", ge=0, le=86_400_000)
+    cooldown_ms: StrictInt = Field(default=0, alias="cooldownMs", ge=0, le=86_400_000)
 
 
 class Rule(_Frozen):
-    id: str
+    """A rule as Courier §8.2 writes it. Types are strict: a count is an integer and a flag
+    a boolean (``"100"``, ``1.0``, ``"yes"`` are refused, not coerced)."""
+
+    id: StrictStr
     when: RuleWhen = Field(default_factory=RuleWhen)
     do: tuple[NotifyAction, ...] = Field(min_length=1, max_length=8)
     limits: RuleLimits = Field(default_factory=RuleLimits)
-    enabled: bool = True
+    enabled: StrictBool = True
     #: envelopes this many rule generations deep never fire rules (no endless loops)
-    max_hops: int = Field(default=DEFAULT_MAX_HOPS, ge=1, le=10)
+    max_hops: StrictInt = Field(default=DEFAULT_MAX_HOPS, ge=1, le=10)
 
     @field_validator("id")
     @classmethod

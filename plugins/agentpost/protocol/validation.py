@@ -243,6 +243,25 @@ def _extras(row: dict[str, Any], fields: Mapping[str, Any]) -> None:
     row["meta"] = json.loads(encoded)
 
 
+def required_fields_problem(type_name: str, required: Iterable[str],
+                            keys: Iterable[str] | None) -> str | None:
+    """Why a payload fails its type's required fields (the structure part of WACP §4 rule
+    2), naming the fields; None when it carries them all. `keys`: the top-level fields of a
+    JSON object payload, None for any other payload."""
+    required = list(required)
+    if not required:
+        return None
+    if keys is None:
+        return (f"type {sanitize(type_name, MAX_TYPE)!r} requires the field(s) "
+                f"{', '.join(required)}: send a JSON object with format json")
+    present = set(keys)
+    missing = [f for f in required if f not in present]
+    if not missing:
+        return None
+    return (f"missing required field(s) of type {sanitize(type_name, MAX_TYPE)!r}: "
+            f"{', '.join(missing)}")
+
+
 def draft_fields(draft: object) -> Mapping[str, Any]:
     """Accept a Draft model or a mapping."""
     if isinstance(draft, Mapping):

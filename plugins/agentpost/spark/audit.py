@@ -1,8 +1,9 @@
 """The audit: what the store promises, verified at scale by Spark in one snapshot.
 
 Every check of `verify_trail()` (each entry's hash, signature and columns, gap-free chains
-linked from the genesis hash, the envelope, command and route rows against their last signed
-entries, the chains against signed checkpoints kept outside the database), plus what the
+linked from the genesis hash, every row the entries name present, the envelope, command and
+route rows against their last signed entries, the chains against signed checkpoints kept
+outside the database), plus what the
 trail promises across entries: every envelope delivered once or found undeliverable (WACP §7),
 channel order (WACP §4 rule 4, §5), no envelope acknowledged or consumed twice, every command
 transition an allowed one (SMCL "Allowed Transitions"), every compensation aimed at a command
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg2
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentpost.protocol import named_rows as nr
 from agentpost.protocol.anchor import Checkpoint, load, mismatches
 from agentpost.protocol.errors import AgentpostError, InvalidInput
 from agentpost.spark.jobargs import add_common, settings_from
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
 #: the order of the checks in a report
 CHECKS = ("entry_hash", "entry_signature", "entry_columns", "chain_sequence", "chain_links",
           "delivered_once", "channel_order", "acked_once", "command_transitions",
-          "compensation_target", "lifecycle_entries", "envelope_rows", "command_rows",
+          "compensation_target", "rows_exist", "lifecycle_entries", "envelope_rows", "command_rows",
           "route_rows", "checkpoint_anchors")
 #: the maintenance DAG's checkpoint files (factories/maintenance.py): names sort by time
 CHECKPOINT_PREFIX, CHECKPOINT_SUFFIX = "checkpoint-", ".json"
@@ -54,6 +56,15 @@ MAX_FIRST = 1_000
 PENDING = "delivered_once.pending"
 _ROUTES = ("SELECT r.id, r.envelope_id, r.current, r.end_actor, r.phase "
            "FROM agentpost.routes r")
+#: the keys of the other rows the trail names (protocol/named_rows.py), as rows_exist takes
+#: them: (kind, key, sub), sub a saga step's name, else ''
+_OTHER_ROWS = " UNION ALL ".join(
+    f"SELECT '{kind}' AS kind, {key} AS key, {sub} AS sub FROM agentpost.{table}"
+    for kind, key, sub, table in (
+        (nr.SAGA, "id", "''", "sagas"), (nr.SAGA_STEP, "saga_id", "name", "saga_steps"),
+        (nr.RULE, "id", "''", "rules"), (nr.WORKSPACE, "id", "''", "workspaces"),
+        (nr.PORT_RIGHT, "id", "''", "port_rights"), (nr.ROLE, "name", "''", "roles"),
+        (nr.TYPE, "name", "''", "envelope_types")))
 
 
 class CheckResult(BaseModel):
@@ -135,10 +146,12 @@ def _run_checks(trail: DataFrame, envelopes: DataFrame, snap: Snapshot, key: byt
 
     commands = snap.table(_COMMANDS)
     routes = snap.table(_ROUTES)
+    present = _present(envelopes, commands, routes, snap.table(_OTHER_ROWS))
     delivered, pending = ac.delivered_once(trail, envelopes)
     found = [ac.entry_checks(trail, key), delivered, ac.channel_order(trail),
              ac.acked_once(trail), ac.command_transitions(trail),
-             ac.compensation_target(trail), ac.lifecycle_entries(trail, envelopes),
+             ac.compensation_target(trail), ac.rows_exist(trail, present),
+             ac.lifecycle_entries(trail, envelopes),
              ac.envelope_rows(trail, envelopes), ac.command_rows(trail, commands),
              ac.route_rows(trail, routes),
              ac.Found((PENDING,), pending, pending.limit(0).select(
@@ -155,6 +168,18 @@ def _run_checks(trail: DataFrame, envelopes: DataFrame, snap: Snapshot, key: byt
     results["delivered_once"] = results["delivered_once"].model_copy(
         update={"pending": pending_count})
     return results
+
+
+def _present(envelopes: DataFrame, commands: DataFrame, routes: DataFrame,
+             others: DataFrame) -> DataFrame:
+    """Every row rows_exist looks for, as (kind, key, sub)."""
+    from pyspark.sql import functions as F
+
+    keyed = [frame.select(F.lit(kind).alias("kind"), F.col("id").alias("key"),
+                          F.lit("").alias("sub"))
+             for kind, frame in ((nr.ENVELOPE, envelopes), (nr.COMMAND, commands),
+                                 (nr.ROUTE, routes))]
+    return _union([*keyed, others])
 
 
 def _collect(found: Sequence[Found], first: int

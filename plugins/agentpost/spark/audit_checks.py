@@ -2,8 +2,9 @@
 
 Every check returns a `Found`: the items it checked (one row each) and the offending ones
 (`ord`, a number that orders them, and `oid`, the id the report names: an entry id, an
-envelope id, a command id or a route id). Everything per row is Spark SQL built-ins (no
-Python UDFs), so executors on a cluster need only the JDBC driver, not agentpost.
+envelope id, a command id or a route id; `rows_exist` names `<kind> <id>`). Everything per
+row is Spark SQL built-ins (no Python UDFs), so executors on a cluster need only the JDBC
+driver, not agentpost.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING
 from pyspark.sql import Column, Window
 from pyspark.sql import functions as F
 
+from agentpost.protocol import named_rows as nr
+from agentpost.protocol.chains import RESERVED_PREFIXES, SYSTEM_CHAIN
 from agentpost.protocol.commands import ALLOWED, CommandState
 from agentpost.protocol.trail import GENESIS, key_pads
 
@@ -310,6 +313,67 @@ def route_rows(trail: DataFrame, routes: DataFrame) -> Found:
     bad = joined.where(~F.coalesce(same, F.lit(False)))
     return _found("route_rows", routes.select("id"),
                  bad, F.coalesce(F.col("last_id"), F.lit(0)), "id")
+
+
+# -- rows the trail names (store/queries.sql: missing_rows; protocol/named_rows.py) --------
+
+def rows_exist(trail: DataFrame, present: DataFrame) -> Found:
+    """The `missing_rows` rule (WACP §3 Integrity): every row the entries name (by their
+    envelope_id, their chain, or a field of their body) is among `present` (kind, key, sub:
+    a saga step's name, else ''), but a rule whose last definition entry in the system
+    chain is rule_removed (remove_rule deletes its row). The report names `<kind> <id>`."""
+    named = _named(trail).groupBy("kind", "key", "sub").agg(F.min("id").alias("first_id"))
+    rules = trail.where((F.col("chain") == SYSTEM_CHAIN)
+                        & F.col("event").isin("rule_defined", "rule_removed"))
+    removed = (rules.groupBy(_body("id").alias("key"))
+               .agg(F.max_by("event", "chain_seq").alias("last"))
+               .where(F.col("last") == "rule_removed")
+               .select(F.lit(nr.RULE).alias("kind"), "key"))
+    missing = (named.join(present, ["kind", "key", "sub"], "left_anti")
+               .join(removed, ["kind", "key"], "left_anti"))
+    shown = F.concat_ws(" ", "kind", F.concat_ws("/", "key", F.nullif(F.col("sub"), F.lit(""))))
+    return _found("rows_exist", named.select("kind"), missing, "first_id", shown)
+
+
+def _named(trail: DataFrame) -> DataFrame:
+    """(kind, key, sub, id) for each row an entry names: by its envelope_id, its chain (once
+    per chain), a field of its body."""
+    chains = trail.groupBy("chain").agg(F.min("id").alias("id"))
+    kind = F.when(F.col("chain") == SYSTEM_CHAIN, F.lit(None))
+    for prefix, named in nr.CHAIN_KINDS.items():
+        kind = kind.when(F.col("chain").startswith(prefix), F.lit(named))
+    for prefix in RESERVED_PREFIXES:
+        kind = kind.when(F.col("chain").startswith(prefix), F.lit(None))
+    kind = kind.otherwise(F.lit(nr.WORKSPACE))
+    key = F.when(kind == nr.WORKSPACE, F.col("chain")).otherwise(_after_prefix())
+    parts = [_rows(trail.where(F.col("envelope_id").isNotNull()), F.lit(nr.ENVELOPE),
+                   F.col("envelope_id")),
+             _rows(chains, kind, key)]
+    by_field: dict[tuple[str, str], list[str]] = {}
+    for event, fields in nr.BODY_FIELDS.items():
+        for row_kind, name in fields:
+            by_field.setdefault((row_kind, name), []).append(event)
+    for (row_kind, name), events in by_field.items():
+        parts.append(_rows(trail.where(F.col("event").isin(*events)), F.lit(row_kind),
+                           _body(name)))
+    parts.append(_rows(trail.where(F.col("chain").startswith("saga:")), F.lit(nr.SAGA_STEP),
+                       _after_prefix(), _body(nr.STEP_FIELD)))
+    out = parts[0]
+    for part in parts[1:]:
+        out = out.unionByName(part)
+    return out.where(F.col("kind").isNotNull() & F.col("key").isNotNull()
+                     & F.col("sub").isNotNull())
+
+
+def _rows(frame: DataFrame, kind: Column, key: Column, sub: Column | None = None
+          ) -> DataFrame:
+    return frame.select(kind.alias("kind"), key.alias("key"),
+                        (F.lit("") if sub is None else sub).alias("sub"), "id")
+
+
+def _after_prefix() -> Column:
+    """A chain's name after its `<prefix>:` (command:, saga:, rule:)."""
+    return F.expr("substr(chain, instr(chain, ':') + 1)")
 
 
 # -- checkpoints ---------------------------------------------------------------------------

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import psycopg2
 from psycopg2 import sql
 
-from agentpost.protocol.errors import StoreUnavailable
+from agentpost.protocol.errors import Conflict, StoreUnavailable
 from agentpost.store.db import translate
 from agentpost.store.migrations import migrate
-from agentpost.store.server import PostgresServer, PostgresUnavailable, discover, dsn_for_database
+from agentpost.store.server import (
+    PostgresServer,
+    PostgresUnavailable,
+    discover,
+    dsn_for_database,
+    redact_dsn,
+)
 
 
 def find_server() -> PostgresServer:
@@ -28,7 +35,8 @@ def find_server() -> PostgresServer:
 
 def create_database(admin_dsn: str, name: str, *, fresh: bool = False) -> str:
     """Create database `name` on the server of `admin_dsn` (dropping it first if `fresh`);
-    returns its DSN."""
+    returns its DSN. A fresh start never drops a database another process is connected to
+    (a running demo, its Airflow, a CLI): that is a Conflict, and nothing changes."""
     try:
         conn = psycopg2.connect(admin_dsn)
     except psycopg2.Error as exc:
@@ -37,8 +45,7 @@ def create_database(admin_dsn: str, name: str, *, fresh: bool = False) -> str:
     try:
         with conn.cursor() as cur:
             if fresh:
-                cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    sql.Identifier(name)))
+                _drop_unused(cur, admin_dsn, name)
             cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
             if cur.fetchone() is None:
                 cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -47,6 +54,20 @@ def create_database(admin_dsn: str, name: str, *, fresh: bool = False) -> str:
     finally:
         conn.close()
     return dsn_for_database(admin_dsn, name)
+
+
+def _drop_unused(cur: Any, admin_dsn: str, name: str) -> None:
+    """DROP DATABASE without FORCE: Postgres itself refuses while anyone is connected, so
+    there is no window between a check and the drop."""
+    try:
+        cur.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+    except psycopg2.errors.ObjectInUse:
+        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (name,))
+        users = cur.fetchone()[0]
+        raise Conflict(
+            f"database {name!r} on {redact_dsn(admin_dsn)} is in use ({users} connection(s)): "
+            "another demo or process is working on it, and it is not dropped under it; stop "
+            "that first, or point this one at another database") from None
 
 
 def drop_database(admin_dsn: str, name: str) -> None:

@@ -390,10 +390,13 @@ class CommandLedger:
         """Decide a confirmation from a human-highway envelope: ``store.inject(user, to=<the
         command's workspace>, type="command.confirmation", content={"command_id": ...,
         "decision": "confirm"|"decline"}, format="json")``. Forged ones (not from a person,
-        wrong workspace, stale, reused, unknown command) raise and change nothing."""
+        wrong workspace, stale, reused, unknown command) raise and change nothing. The
+        envelope that decided is consumed: it was acted on, and left in the workspace's
+        inbox it would look like a request nobody answered."""
         data = self.db.scalar("SELECT agentpost.command_confirm_envelope(%s)",
                               (_ref(envelope_id, "envelope id"),))
         view = _view(data)
+        self.store.consume(view.workspace, envelope_id)
         self._close_need(view, envelope_id)
         return view
 

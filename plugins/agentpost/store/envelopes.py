@@ -34,7 +34,13 @@ from agentpost.protocol.models import (
     WorkspaceState,
 )
 from agentpost.protocol.registry import EnvelopeType, Permission, Role
-from agentpost.protocol.validation import DraftRow, draft_fields, normalize_draft, sanitize
+from agentpost.protocol.validation import (
+    DraftRow,
+    draft_fields,
+    normalize_draft,
+    required_fields_problem,
+    sanitize,
+)
 from agentpost.store.anchor import take_checkpoint
 from agentpost.store.checks import count as _count
 from agentpost.store.checks import name as _name
@@ -46,7 +52,7 @@ from agentpost.store.leases import LeaseOps
 from agentpost.store.migrations import migrate
 from agentpost.store.queries import QUERIES
 from agentpost.store.rules import RuleOps
-from agentpost.store.verify import MAX_WORKERS
+from agentpost.store.verify import MAX_NAMED_ROWS, MAX_WORKERS
 from agentpost.store.verify import run as run_verification
 from agentpost.store.views import ViewOps
 
@@ -227,8 +233,7 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
             "attachments": json.dumps(row["attachments"], ensure_ascii=False),
             "in_reply_to": row["in_reply_to"], "priority": row["priority"],
             "keys": row["keys"], "timeout_ms": self._timeout_ms})
-        return SendResult(envelope_id=res["envelope_id"], status=res["status"],
-                          reason=res["reason"])
+        return self._result(draft, res)
 
     def send_many(self, drafts: Iterable[Mapping[str, Any] | Any]) -> list[SendResult]:
         """Send many envelopes in one call: one durable commit for the lot, then delivery.
@@ -288,10 +293,22 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
             dup = res is None
             if dup:
                 res = results[first[row.row["envelope_id"]]]
-            out.append(SendResult(envelope_id=res["envelope_id"], status=res["status"],
-                                  reason=res["reason"], detail=row.problem,
-                                  duplicate=dup or bool(res.get("duplicate"))))
+            out.append(self._result(row, res, duplicate=dup))
         return out
+
+    def _result(self, draft: DraftRow, res: Mapping[str, Any], *,
+                duplicate: bool = False) -> SendResult:
+        """The SendResult of `draft`; a rejection's detail says what was wrong, also when
+        the database found it (a required field missing: the type's fields are named)."""
+        detail = draft.problem
+        if detail is None and res["reason"] == RejectionReason.INVALID_STRUCTURE.value:
+            required = self.db.scalar("SELECT required_fields FROM agentpost.envelope_types"
+                                      " WHERE name = %s", (draft.row["type"],))
+            detail = required_fields_problem(draft.row["type"], required or (),
+                                             draft.row["keys"])
+        return SendResult(envelope_id=res["envelope_id"], status=res["status"],
+                          reason=res["reason"], detail=detail,
+                          duplicate=duplicate or bool(res.get("duplicate")))
 
     # -- receiving ----------------------------------------------------------------------
 
@@ -411,8 +428,10 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
                      since: AnchorLike | os.PathLike[str] | None = None,
                      workers: int = 1) -> TrailVerification:
         """Check the trail with the configured key (WACP §3 Integrity): every entry's hash,
-        signature, columns and link to the one before, gap-free sequence numbers, and every
-        row signed under the trail (envelopes, commands, routes) against its entries.
+        signature, columns and link to the one before, gap-free sequence numbers, that every
+        row the entries name exists (`missing_rows`: envelopes, commands, sagas and their
+        steps, rules, workspaces, routes, port rights, roles, types), and every row signed
+        under the trail (envelopes, commands, routes) against its entries.
 
         `anchor` (a `checkpoint()` as itself, its JSON text or dict, or a path to its file):
         also report every chain it names that is gone, shorter than it, or diverges.
@@ -421,14 +440,14 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
         what came after it. Each chain it names starts at its anchored head: that entry is
         re-read (hash, signature, columns) and must be the anchored one, and the next entry
         must link to it; a chain that is gone, shorter or diverges fails as with `anchor`;
-        chains created since are checked whole. Rows are compared for the envelopes,
-        commands and routes that the new entries name. What `since` does NOT check: entries
-        strictly before a head (an edit there that leaves the head entry intact is caught
-        only by a full run, or was by the run that verified the checkpoint: hence chain
-        each run on the checkpoint the previous run verified, never on one taken apart),
-        and rows that no new entry names (a row edited in the table later; an envelope whose
-        every new entry was cut off with the end of its chain). `workers` > 1 shares the
-        chains out among that many processes reading one exported snapshot.
+        chains created since are checked whole. The rows the new entries name must exist,
+        and the envelopes, commands and routes among them are compared. What `since` does
+        NOT check: entries strictly before a head (an edit there that leaves the head entry
+        intact is caught only by a full run, or was by the run that verified the checkpoint:
+        hence chain each run on the checkpoint the previous run verified, never on one taken
+        apart), and rows that no new entry names (a row edited or deleted in the table later; an
+        envelope whose every new entry was cut off with the end of its chain). `workers` > 1
+        shares the chains out among that many processes reading one exported snapshot.
 
         A malformed `anchor` or `since`, or one not signed with the trail key, raises
         InvalidAnchor before anything is read. A run that passes returns, as `checkpoint`,
@@ -455,7 +474,8 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
             failure_seq=None if first is None else first[2],
             failure=None if first is None else first[3],
             since_taken_at=None if start is None else start.taken,
-            checkpoint=None if verified is None else verified.to_dict(), **fields)
+            checkpoint=None if verified is None else verified.to_dict(),
+            missing_rows=tuple(out.missing[:MAX_NAMED_ROWS]), **fields)
 
 
 def _checkpoint_text(value: Any) -> Any:

@@ -3,9 +3,11 @@
 `plan` compares the fleet with what the store holds and lists what applying would change;
 a definition the store cannot change in place (a role that inherits another role, a type
 with other required fields, a workspace with another role, parent, originator or
-delegation) is a `FleetConflict`, found before anything is written. `apply` then makes
-exactly the planned changes, each one protocol step of the store (its own transaction,
-trailed). Applying the same file again plans nothing and writes nothing.
+delegation) or a new workspace under a sealed one is a `FleetConflict`, found before
+anything is written. `apply` then makes exactly the planned changes, each one protocol step
+of the store (trailed), all in one transaction: whatever fails on the way (a change made by
+someone else since the plan, a lost server) rolls back every one of them. Applying the same
+file again plans nothing and writes nothing.
 
 Apply only adds: roles, types, permission rows and workspaces absent from the file are left
 as they are. Agents' watch-pattern inputs become subscriptions in the fleet's mark space
@@ -33,6 +35,7 @@ from agentpost.protocol.fleet import (
     WorkspaceDef,
     effective_originator,
 )
+from agentpost.protocol.models import WorkspaceState
 from agentpost.store.envelopes import EnvelopeStore
 
 
@@ -96,9 +99,9 @@ def _read_state(store: EnvelopeStore, fleet: Fleet) -> _State:
             "SELECT type, sender_role, receiver_role FROM agentpost.permissions"
             " WHERE type = ANY (%s)", ([t.name for t in fleet.types],))),
         workspaces={r[0]: {"role": r[1], "parent": r[2], "originator": r[3],
-                           "delegation": r[4]}
-                    for r in db.fetchall("SELECT id, role, parent, originator, delegation"
-                                         " FROM agentpost.workspaces WHERE id = ANY (%s)",
+                           "delegation": r[4], "state": r[5]}
+                    for r in db.fetchall("SELECT id, role, parent, originator, delegation,"
+                                         " state FROM agentpost.workspaces WHERE id = ANY (%s)",
                                          ([w.id for w in fleet.workspaces],))},
         subscriptions=subscriptions,
         names={str(agent_id): name for agent_id, name in db.fetchall(
@@ -191,14 +194,24 @@ def _plan_workspaces(fleet: Fleet, state: _State) -> Planned:
                   "originator": effective_originator(fleet, ws), "delegation": ws.delegation}
         stored = state.workspaces.get(ws.id)
         if stored is None:
+            parent = state.workspaces.get(ws.parent) if ws.parent else None
+            if parent is not None and parent["state"] in SEALED:
+                yield where, (f"the store's workspace {ws.parent!r}, its parent, is "
+                              f"{parent['state']} and cannot have new children")
+                continue
             yield where, Change("workspace", ws.id, "create", f"role {ws.role}" + (
                 f", parent {ws.parent}" if ws.parent else ""))
             continue
-        for key, value in wanted.items():
+        for key, value in wanted.items():  # (state is not the file's: not compared)
             if stored[key] != value:
                 yield where, (f"the store's workspace {ws.id!r} has {key} {stored[key]!r}, the "
                               f"file says {value!r}; a workspace's {key} cannot change in place")
                 break
+
+
+#: workspace states that take no new children (WACP §5: sealed)
+SEALED = frozenset({WorkspaceState.INTEGRATING.value, WorkspaceState.CLOSED.value,
+                    WorkspaceState.FAILED.value})
 
 
 def _workspaces_in_order(fleet: Fleet) -> list[WorkspaceDef]:
@@ -231,38 +244,40 @@ def _plan_names(fleet: Fleet, state: _State) -> Planned:
 
 
 def apply(store: EnvelopeStore, fleet: Fleet, *, dry_run: bool = False) -> FleetPlan:
-    """Make the store hold `fleet`: plan (nothing written on a conflict), then each change.
-    With `dry_run`, only the plan."""
+    """Make the store hold `fleet`: plan (nothing written on a conflict), then every change
+    in one transaction, so a failing one leaves the store as it was. With `dry_run`, only
+    the plan."""
     result = plan(store, fleet)
     if dry_run or result.empty:
         return result
-    roles = {r.name: r for r in fleet.roles}
-    types = {t.name: t for t in fleet.types}
-    workspaces = {w.id: w for w in fleet.workspaces}
     space = None
     try:
-        for change in result.changes:
-            if change.kind == "role":
-                store.define_role(change.name, roles[change.name].inherits)
-            elif change.kind in ("type", "permission"):
-                etype = types[change.name]
-                store.register_type(etype.name, etype.senders, etype.receivers,
-                                    etype.required_fields)
-            elif change.kind == "workspace":
-                ws = workspaces[change.name]
-                store.create_workspace(ws.role, parent=ws.parent, originator=ws.originator,
-                                       delegation=ws.delegation, workspace_id=ws.id)
-            elif change.kind == "subscription":
+        with store.db.transaction() as conn:
+            for change in result.changes:
+                if change.kind not in ("subscription", "agent"):
+                    _register(store, fleet, change)
+                    continue
                 space = space or _mark_space(store, fleet)
-                _subscribe(space, fleet, change)
-        named = [fleet.agent(c.name) for c in result.changes if c.kind == "agent"]
-        if named:
-            space = space or _mark_space(store, fleet)
-            space.record_names(named)
+                with space.joined(conn):
+                    _in_mark_space(space, fleet, change)
     finally:
         if space is not None:
             space.close()
     return result
+
+
+def _register(store: EnvelopeStore, fleet: Fleet, change: Change) -> None:
+    """A role, type (or its new permission rows) or workspace change, as one store step."""
+    if change.kind == "role":
+        role = next(r for r in fleet.roles if r.name == change.name)
+        store.define_role(role.name, role.inherits)
+    elif change.kind in ("type", "permission"):
+        etype = next(t for t in fleet.types if t.name == change.name)
+        store.register_type(etype.name, etype.senders, etype.receivers, etype.required_fields)
+    else:
+        ws = next(w for w in fleet.workspaces if w.id == change.name)
+        store.create_workspace(ws.role, parent=ws.parent, originator=ws.originator,
+                               delegation=ws.delegation, workspace_id=ws.id)
 
 
 def _mark_space(store: EnvelopeStore, fleet: Fleet) -> Any:
@@ -271,9 +286,12 @@ def _mark_space(store: EnvelopeStore, fleet: Fleet) -> Any:
     return PostgresMarkSpace(dsn=store.dsn, scopes=fleet.scopes, space=fleet.space, pool_size=1)
 
 
-def _subscribe(space: Any, fleet: Fleet, change: Change) -> None:
+def _in_mark_space(space: Any, fleet: Fleet, change: Change) -> None:
+    """A subscription change, or an agent's name, through the fleet's mark space."""
     agent = fleet.agent(change.name)
-    if change.action == "remove":
+    if change.kind == "agent":
+        space.record_names([agent])
+    elif change.action == "remove":
         space.unsubscribe(agent)
     else:
         space.subscribe(agent, fleet.agent_def(change.name).patterns)

@@ -177,6 +177,53 @@ SELECT 'route:' || r.id, r.envelope_id, coalesce(r.end_actor, r.phase, 'routed')
           AND last.body ->> 'phase' IS NOT DISTINCT FROM r.phase)
 LIMIT 100
 
+-- name: missing_rows
+-- The rows the trail names that are gone (protocol/named_rows.py says which an entry names):
+-- a row deleted outright leaves nothing for the row checks above to compare, only entries
+-- that name it. Each parameter holds the ids of one kind named by the entries verified (all
+-- of them, or those since a checkpoint), a batch at a time. Each id is one primary-key probe,
+-- a scalar subquery: as an anti-join, a batch of thousands was planned as a hash join over
+-- the whole table, once per batch. A rule is the one row the store deletes (remove_rule):
+-- one whose last definition entry in the system chain is rule_removed is not missing (that
+-- chain is read only for a rule whose row is gone). Returns (kind, id, step) per row missing.
+SELECT 'envelope', n.id, NULL FROM unnest(%(envelopes)s::text[]) n(id)
+ WHERE (SELECT x.id FROM agentpost.envelopes x WHERE x.id = n.id) IS NULL
+UNION ALL
+SELECT 'command', n.id, NULL FROM unnest(%(commands)s::text[]) n(id)
+ WHERE (SELECT x.id FROM agentpost.commands x WHERE x.id = n.id) IS NULL
+UNION ALL
+SELECT 'saga', n.id, NULL FROM unnest(%(sagas)s::text[]) n(id)
+ WHERE (SELECT x.id FROM agentpost.sagas x WHERE x.id = n.id) IS NULL
+UNION ALL
+SELECT 'saga step', n.saga, n.step
+  FROM unnest(%(step_sagas)s::text[], %(step_names)s::text[]) n(saga, step)
+ WHERE (SELECT x.position FROM agentpost.saga_steps x
+         WHERE x.saga_id = n.saga AND x.name = n.step) IS NULL
+UNION ALL
+SELECT 'rule', n.id, NULL FROM unnest(%(rules)s::text[]) n(id)
+ WHERE CASE WHEN (SELECT x.id FROM agentpost.rules x WHERE x.id = n.id) IS NOT NULL THEN false
+            ELSE (SELECT t.event FROM agentpost.trail t
+                   WHERE t.chain = 'system' AND t.event IN ('rule_defined', 'rule_removed')
+                     AND t.record::jsonb -> 'body' ->> 'id' = n.id
+                   ORDER BY t.chain_seq DESC
+                   LIMIT 1) IS DISTINCT FROM 'rule_removed' END
+UNION ALL
+SELECT 'workspace', n.id, NULL FROM unnest(%(workspaces)s::text[]) n(id)
+ WHERE (SELECT x.id FROM agentpost.workspaces x WHERE x.id = n.id) IS NULL
+UNION ALL
+SELECT 'route', n.id, NULL FROM unnest(%(routes)s::text[]) n(id)
+ WHERE (SELECT x.id FROM agentpost.routes x WHERE x.id = n.id) IS NULL
+UNION ALL
+SELECT 'port right', n.id, NULL FROM unnest(%(rights)s::text[]) n(id)
+ WHERE (SELECT x.id FROM agentpost.port_rights x WHERE x.id = n.id) IS NULL
+UNION ALL
+SELECT 'role', n.id, NULL FROM unnest(%(roles)s::text[]) n(id)
+ WHERE (SELECT x.name FROM agentpost.roles x WHERE x.name = n.id) IS NULL
+UNION ALL
+SELECT 'type', n.id, NULL FROM unnest(%(types)s::text[]) n(id)
+ WHERE (SELECT x.name FROM agentpost.envelope_types x WHERE x.name = n.id) IS NULL
+
+
 -- name: send
 CALL agentpost.send(%(drafts)s, %(origin)s, %(user)s, %(timeout_ms)s, NULL)
 

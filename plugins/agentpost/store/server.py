@@ -50,6 +50,7 @@ __all__ = [
     "find_bindir",
     "find_repo_root",
     "libpq_dsn",
+    "redact_dsn",
 ]
 
 DSN_ENV = "AGENTPOST_DSN"
@@ -112,6 +113,12 @@ class PostgresServer:
 def libpq_dsn(dsn: str) -> str:
     """Turn a SQLAlchemy URL (``postgresql+psycopg2://...``) into one libpq accepts."""
     return re.sub(r"^postgres(?:ql)?\+[a-z0-9_]+://", "postgresql://", dsn, count=1)
+
+
+def redact_dsn(dsn: str) -> str:
+    """A DSN (URI or key=value) without its password, for messages and logs."""
+    dsn = re.sub(r"(://[^:/@?#]*:)[^@/?#]*@", r"\1***@", dsn)
+    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
 
 
 def dsn_for_database(admin_dsn: str, dbname: str) -> str:

@@ -7,14 +7,15 @@ the chain's head before anything is read. Spans are read as range scans of the t
 unique index (chain, chain_seq): a long chain on its own cursor, short ones many to a query.
 With `workers` > 1 the spans are shared out by entry count among processes (the checks are
 CPU-bound Python and hold the GIL), each in a REPEATABLE READ transaction that imports the
-coordinator's exported snapshot, so every part sees the same trail. The rows signed under
-the trail (sql/0017: envelopes, commands, routes) are then compared in the coordinator's
-snapshot: all of them, or since a checkpoint those that the new entries name.
+coordinator's exported snapshot, so every part sees the same trail. The rows under the
+trail are then checked in the coordinator's snapshot (store/row_checks.py): every row named
+by the entries read must exist, and the rows signed under the trail (sql/0017: envelopes,
+commands, routes) must be as signed: all of them, or since a checkpoint those that the new
+entries name.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import subprocess
@@ -29,21 +30,23 @@ import psycopg2
 
 from agentpost.protocol.anchor import ChainHead, Checkpoint
 from agentpost.protocol.errors import AgentpostError, StoreError
-from agentpost.protocol.models import ChainMismatch
+from agentpost.protocol.models import ChainMismatch, MissingRow
 from agentpost.protocol.trail import ChainCheck, StoredEntry
 from agentpost.store.anchor import anchor_mismatches
 from agentpost.store.db import Database, one_line, translate
 from agentpost.store.queries import QUERIES
+from agentpost.store.row_checks import Touched, check_missing, check_rows
 
 #: a chain with more entries to read than this gets a cursor of its own (no sort at all)
 LONG_CHAIN = 20_000
 #: short chains are read this many entries (or chains) to a query
 BATCH_ENTRIES = 20_000
 BATCH_CHAINS = 2_000
-#: rows fetched per round trip, ids per row-check query
+#: rows fetched per round trip
 FETCH = 5_000
-ID_BATCH = 5_000
 MAX_WORKERS = 32
+#: missing rows a TrailVerification names (each one is counted among its failures)
+MAX_NAMED_ROWS = 100
 _WORKER = "from agentpost.store.verify import _worker_main; _worker_main()"
 
 
@@ -56,40 +59,6 @@ class Span:
     start: int
     count: int
     anchored: bytes | None = None
-
-
-@dataclass
-class Touched:
-    """The rows that entries checked since a checkpoint name: their rows are compared with
-    what the trail signed (the incremental form of the full row checks)."""
-
-    envelopes: set[str] = field(default_factory=set)
-    commands: set[str] = field(default_factory=set)
-    routes: set[str] = field(default_factory=set)
-
-    def note(self, e: StoredEntry) -> None:
-        if e.envelope_id is not None:
-            self.envelopes.add(e.envelope_id)
-        if e.chain.startswith("command:"):
-            self.commands.add(e.chain.removeprefix("command:"))
-        if e.event == "route_progress":
-            route = _route_id(e.record)
-            if route is not None:
-                self.routes.add(route)
-
-    def update(self, other: Touched) -> None:
-        self.envelopes |= other.envelopes
-        self.commands |= other.commands
-        self.routes |= other.routes
-
-
-def _route_id(record: str) -> str | None:
-    try:
-        body = json.loads(record).get("body")
-    except (ValueError, AttributeError):
-        return None  # the entry check reports a record that is not JSON
-    value = body.get("id") if isinstance(body, dict) else None
-    return value if isinstance(value, str) else None
 
 
 def plan(cur: Any, since: Checkpoint | None, skip: set[str]) -> list[Span]:
@@ -251,44 +220,6 @@ def _worker_main() -> None:
     sys.stdout.buffer.flush()
 
 
-def check_rows(cur: Any, check: ChainCheck, touched: Touched | None) -> None:
-    """Compare the rows signed under the trail with their entries (sql/0017): every row
-    (`touched` None), or only those `touched` names, in batches."""
-    if touched is None:
-        _row_gaps(cur, check, None, None, None)
-        return
-    envelopes, commands, routes = (sorted(touched.envelopes), sorted(touched.commands),
-                                   sorted(touched.routes))
-    for i in range(0, max(len(envelopes), len(commands), len(routes)), ID_BATCH):
-        _row_gaps(cur, check, envelopes[i:i + ID_BATCH], commands[i:i + ID_BATCH],
-                  routes[i:i + ID_BATCH])
-
-
-def _row_gaps(cur: Any, check: ChainCheck, envelopes: list[str] | None,
-              commands: list[str] | None, routes: list[str] | None) -> None:
-    if envelopes is None or envelopes:
-        cur.execute(QUERIES["lifecycle_gaps"], {"envelopes": envelopes})
-        for chain, envelope_id, status, event in cur.fetchall():
-            check.gap(chain, f"envelope {envelope_id} is {status} but the trail has no "
-                             f"{event} entry for it (entries were removed)")
-        cur.execute(QUERIES["envelope_gaps"], {"envelopes": envelopes})
-        for chain, envelope_id, name, in_row, signed, entry in cur.fetchall():
-            check.gap(chain, f"envelope {envelope_id}: {name} is {_shown(in_row)} in its row "
-                             f"but {_shown(signed)} in {entry} (the row was edited or "
-                             f"entries were removed)")
-    if commands is None or commands or routes:
-        cur.execute(QUERIES["record_gaps"], {"commands": commands, "routes": routes})
-        for chain, row_id, state, entry in cur.fetchall():
-            check.gap(chain, f"{row_id} is {state} but its last trail entry is not the "
-                             f"{entry} (the row was edited or entries were removed)")
-
-
-def _shown(value: Any) -> str:
-    """A signed field's value for a failure message: JSON, cut short."""
-    text = json.dumps(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def run(db: Database, key: bytes, *, since: Checkpoint | None, anchor: Checkpoint | None,
         workers: int) -> Outcome:
     """One verification in one snapshot (see the module docstring); `since` and `anchor`
@@ -315,8 +246,9 @@ def _run(cur: Any, dsn: str, key: bytes, since: Checkpoint | None,
     else:
         check, touched = check_spans(cur, key, spans)
     check.merge(gaps)
+    missing = check_missing(cur, check, touched)
     check_rows(cur, check, None if since is None else touched)
-    outcome = Outcome(check, taken_at, since, behind)
+    outcome = Outcome(check, taken_at, since, behind, missing=missing)
     if anchor is not None:
         from agentpost.store.anchor import check_anchor
 
@@ -332,6 +264,7 @@ class Outcome:
     taken_at: datetime
     since: Checkpoint | None = None
     since_mismatches: list[ChainMismatch] = field(default_factory=list)
+    missing: list[MissingRow] = field(default_factory=list)
     anchored: dict[str, Any] = field(default_factory=dict)
 
     def verified_checkpoint(self) -> Checkpoint | None:

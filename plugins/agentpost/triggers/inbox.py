@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -28,6 +27,7 @@ from agentpost.protocol.errors import InvalidInput, StoreUnavailable
 from agentpost.protocol.leases import workspace_of
 from agentpost.store import EnvelopeStore
 from agentpost.store.listen import INBOX_CHANNEL, AsyncListener
+from agentpost.store.server import redact_dsn
 from agentpost.store.watches import check_filter, matching
 
 T = TypeVar("T")
@@ -55,10 +55,7 @@ def one_line(exc: BaseException) -> str:
 
 def redact(dsn: str | None) -> str | None:
     """A DSN without its password, for logs and reprs."""
-    if dsn is None:
-        return None
-    dsn = re.sub(r"(://[^:/@?#]*:)[^@/?#]*@", r"\1***@", dsn)
-    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
+    return None if dsn is None else redact_dsn(dsn)
 
 
 def positive(value: object, what: str) -> float:

@@ -10,7 +10,9 @@
     /v1/...                 the Courier gateway, with its own capability tokens
 
 Each page module has a router whose every route needs an Airflow user (auth.py); the
-human highway's actions need the acting role and a CSRF token as well.
+human highway's actions need the acting role and a CSRF token as well. Every page route's
+path and query parameters are checked here, once, before any reaches the store
+(`plain_parameters`); a static file's name is checked where it meets the filesystem.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, HTTPException
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse
 
 from agentpost.web import errors
@@ -68,6 +70,26 @@ class LazyGateway:
             self._app = None
 
 
+async def plain_parameters(request: Request, user: Viewer) -> None:
+    """400 for a path or query parameter holding a NUL byte, which no id, name or cursor of
+    the store can hold (Postgres text refuses it): one check for every page route, after the
+    sign-in check (an anonymous caller still gets 401), before any handler runs."""
+    for name, value in [*request.path_params.items(), *request.query_params.multi_items()]:
+        if "\x00" in name or "\x00" in str(value):
+            shown = name.replace("\x00", "%00")
+            raise HTTPException(400, f"{shown}: a parameter may not contain a NUL byte (%00)")
+
+
+def static_file(base: Path, path: str) -> Path | None:
+    """The file `path` names under `base`, or None: outside it, no such file, or a name no
+    file can have (a NUL byte)."""
+    try:
+        target = (base / path).resolve()
+        return target if target.is_relative_to(base) and target.is_file() else None
+    except (ValueError, OSError):
+        return None
+
+
 def _static_router() -> APIRouter:
     """CSS, scripts and the chart library, for signed-in users like every other route."""
     router = APIRouter()
@@ -75,8 +97,8 @@ def _static_router() -> APIRouter:
 
     @router.get("/static/{path:path}", name="static")
     def static(path: str, user: Viewer) -> FileResponse:
-        target = (base / path).resolve()
-        if not target.is_relative_to(base) or not target.is_file():
+        target = static_file(base, path)
+        if target is None:
             raise HTTPException(404, "no such file")
         return FileResponse(target, headers={"Cache-Control": "private, max-age=3600"})
 
@@ -100,7 +122,7 @@ def create_app(dsn: str | None = None) -> FastAPI:
     app.state.agentpost = context
     errors.install(app)
     for router in PAGE_ROUTERS:
-        app.include_router(router)
+        app.include_router(router, dependencies=[Depends(plain_parameters)])
     app.include_router(_static_router())
     app.mount("/v1", gateway, name="gateway")
     return app

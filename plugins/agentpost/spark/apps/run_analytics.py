@@ -2,7 +2,7 @@
 
 import sys
 
-from agentpost.spark.analytics import main
+from agentpost.spark.apps import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run("analytics"))

@@ -1,0 +1,95 @@
+"""The rows a trail entry names, which must exist (WACP §3 Integrity: the trail vouches for
+the rows it describes, so a row deleted outright, bypassing the store, is a failure).
+
+An entry names rows three ways: its `envelope_id` column (an envelope), its chain (a
+command's `command:<id>`, a saga's `saga:<id>`, an on-insert rule's `rule:<id>`, and a
+workspace's own id; the `system` and `human:<user>` chains name no row), and, for a few
+events, a field of its body (a route, a port right, a role, a type, a rule, a saga step).
+Signals, marks and needs are named by no entry's identity, so nothing here covers them.
+
+A rule is the one row the store deletes itself (`remove_rule`, which writes `rule_removed`
+to the system chain): its absence is legitimate when its last definition entry is that one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+from agentpost.protocol.chains import RESERVED_PREFIXES, SYSTEM_CHAIN
+
+ENVELOPE = "envelope"
+COMMAND = "command"
+SAGA = "saga"
+SAGA_STEP = "saga step"
+RULE = "rule"
+WORKSPACE = "workspace"
+ROUTE = "route"
+PORT_RIGHT = "port right"
+ROLE = "role"
+TYPE = "type"
+#: every kind, in the order failures are reported
+KINDS = (ENVELOPE, COMMAND, SAGA, SAGA_STEP, RULE, WORKSPACE, ROUTE, PORT_RIGHT, ROLE, TYPE)
+
+#: chain prefixes that name a row (`human:` names a person, not a row)
+CHAIN_KINDS = {"command:": COMMAND, "saga:": SAGA, "rule:": RULE}
+#: events whose body names rows: (kind, body field)
+BODY_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "route_progress": ((ROUTE, "id"), (ROUTE, "root_id")),
+    "port_right_created": ((PORT_RIGHT, "right_id"),),
+    "port_right_transferred": ((PORT_RIGHT, "right_id"),),
+    "port_right_consumed": ((PORT_RIGHT, "right_id"),),
+    "port_right_revoked": ((PORT_RIGHT, "right_id"),),
+    "role_defined": ((ROLE, "role"),),
+    "type_registered": ((TYPE, "type"),),
+    "rule_defined": ((RULE, "id"),),
+    "rule_enabled": ((RULE, "id"),),
+    "rule_disabled": ((RULE, "id"),),
+}
+#: a saga step is named by its saga's chain and the `step` field of the entry's body
+STEP_FIELD = "step"
+
+#: a row's key: its id, or (saga id, step name) for a saga step
+RowKey = str | tuple[str, str]
+
+
+def chain_row(chain: str) -> tuple[str, str] | None:
+    """The row a chain's name implies: (kind, id), or None (`system`, `human:<user>`)."""
+    if chain == SYSTEM_CHAIN:
+        return None
+    for prefix, kind in CHAIN_KINDS.items():
+        if chain.startswith(prefix):
+            return kind, chain.removeprefix(prefix)
+    if chain.startswith(RESERVED_PREFIXES):
+        return None
+    return WORKSPACE, chain
+
+
+def body_rows(chain: str, event: str, record: str) -> Iterator[tuple[str, RowKey]]:
+    """The rows the body of an entry names (nothing for most events: no JSON is parsed)."""
+    fields = BODY_FIELDS.get(event, ())
+    saga = chain.removeprefix("saga:") if chain.startswith("saga:") else None
+    if not fields and saga is None:
+        return
+    body = _body(record)
+    for kind, name in fields:
+        value = body.get(name)
+        if isinstance(value, str):
+            yield kind, value
+    step = body.get(STEP_FIELD)
+    if saga is not None and isinstance(step, str):
+        yield SAGA_STEP, (saga, step)
+
+
+def label(kind: str, key: RowKey) -> str:
+    """How a report names a row: `envelope <id>`, `saga step <saga>/<step>`."""
+    shown = "/".join(key) if isinstance(key, tuple) else key
+    return f"{kind} {shown}"
+
+
+def _body(record: str) -> dict:
+    try:
+        body = json.loads(record).get("body")
+    except (ValueError, AttributeError):
+        return {}  # the entry check reports a record that is not JSON
+    return body if isinstance(body, dict) else {}
