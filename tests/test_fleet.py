@@ -373,7 +373,8 @@ def test_a_new_workspace_under_a_sealed_one_is_refused_by_the_plan(
 @pytest.mark.parametrize("table, check", [
     ("workspaces", "id <> 'valet-1'"),
     ("mark_subscriptions", "agent_id <> '{valet}'::uuid"),
-], ids=["workspace", "subscription"])
+    ("mark_agents", "agent_id <> '{valet}'::uuid"),
+], ids=["workspace", "subscription", "name"])
 def test_an_apply_failing_in_the_database_writes_nothing(
         store: EnvelopeStore, dsn: str, table: str, check: str) -> None:
     """docs/fleet.md: a fleet is applied whole or not at all. The database refuses one of
@@ -390,7 +391,7 @@ def test_an_apply_failing_in_the_database_writes_nothing(
     planned = [str(c) for c in plan(store, fleet).changes]
     assert [c.split(":")[0] for c in planned] == [
         "create role valet", "create type valet.call", "create workspace valet-1",
-        "create subscription valet"]
+        "create subscription valet", "name agent valet"]
     with pytest.raises(AgentpostError, match="refuse_valet"):
         apply(store, fleet)
     assert all_rows(dsn) == before
