@@ -280,19 +280,21 @@ class GuardedActionOperator(_MarksOperator):
                           self.resource, "an earlier try's recorded result is replayed, the "
                           "callable is not called again" if replayed else "the callable ran")
             return result
-        message = f"{self.task_id}: {named(_explain(decision), self._agent_names())}"
+        reason = _explain(decision)
+        message = f"{self.task_id}: {named(reason, self._agent_names(reason))}"
         self.log.warning("%s", message)
         if decision.verdict in CONTENTION and self.on_refused == "skip":
             raise AirflowSkipException(message)
         raise GuardRefused(message)
 
 
-    def _agent_names(self) -> dict[str, str]:
-        """The names of the agents the store can name (`agentpost.web.names`), so that a
-        refusal says who holds the resource; none when the store cannot be read."""
+    def _agent_names(self, reason: str) -> dict[str, str]:
+        """The names of the agents `reason` names by id, as the pages know them
+        (`agentpost.web.names`: recorded, else derived), so that a refusal says who holds
+        the resource; none when the store cannot be read."""
         try:
             with AgentpostHook(self.agentpost_conn_id).get_store(check=False) as store:
-                return read_names(store, [self.space])
+                return read_names(store, [self.space], reason)
         except AgentpostError:
             return {}
 

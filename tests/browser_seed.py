@@ -3,7 +3,8 @@ with marks of its agents, commands and a compensated saga of its travel desk, co
 envelopes, and three daily windows of trail analytics for ten inboxes. Every page of the
 agentpost UI then has something to show, as after a demo run (docs/ui.md, "Browser test").
 Written through the store's own APIs, except the analytics tables, which the Spark job
-fills with plain SQL (their contract is in docs/ui.md) and which are filled the same way."""
+fills with plain SQL (their contract is in docs/ui.md) and which are filled the same way, and
+one agent's recorded name, deleted so that its mark looks written before sql/0076."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ class Seeded:
 
     space: str = ""
     agents: dict[str, str] = field(default_factory=dict)  # name: id
-    poller: str = ""  # an agent whose name the store cannot know (not a workspace id)
+    poller: str = ""  # an agent whose name is not a workspace id (recorded, sql/0076)
+    unnamed: str = ""  # an agent with a random id and no recorded name (an older mark)
     observation: str = ""
     superseded: str = ""
     executed: str = ""
@@ -60,7 +62,8 @@ def seed_all(store: EnvelopeStore) -> Seeded:
 def _marks(store: EnvelopeStore, fleet: Any, out: Seeded) -> None:
     """Three drivers want spot-1 (a deferred scope): a boundary decides; a weather poller
     observes, then corrects itself (a superseded observation); the guard's own agent asks a
-    person something."""
+    person something; a script with a random id observes too, its name not recorded (as
+    before sql/0076)."""
     out.space = fleet.space
     drivers = {name: fleet.agent(name) for name in DRIVERS}
     out.agents = {name: str(a.id) for name, a in drivers.items()}
@@ -81,6 +84,12 @@ def _marks(store: EnvelopeStore, fleet: Any, out: Seeded) -> None:
                             scopes={"parking": (MarkType.NEED,)})
         space.write(guard_agent, Need(scope="parking", question="Is spot-3 open?",
                                       priority=0.6, context={"resource": "spot-3"}))
+        script = Agent(name="old-script", scopes={"weather": (MarkType.OBSERVATION,)})
+        space.write(script, Observation(scope="weather", topic="forecast", content={"rain": 0.9}))
+    out.unnamed = str(script.id)
+    with psycopg2.connect(store.dsn) as conn, conn.cursor() as cur:
+        cur.execute("DELETE FROM agentpost.mark_agents WHERE agent_id = %s", (out.unnamed,))
+    conn.close()
 
 
 def _commands(store: EnvelopeStore, out: Seeded) -> None:

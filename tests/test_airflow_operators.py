@@ -266,6 +266,24 @@ def test_a_refusal_names_the_agent_holding_the_resource(office: EnvelopeStore) -
     assert f"held by agent 'dora' ({dora})" in message
 
 
+def test_a_refusal_names_an_agent_by_its_recorded_name(office: EnvelopeStore) -> None:
+    """An agent whose name is no workspace id and whose id is random is named in a refusal
+    too: its write recorded the name (sql/0076)."""
+    porter = Agent(name="night-porter", scopes={"calendar": ["intent", "action"]})
+
+    def guarded(task_id: str, agent: Any) -> GuardedActionOperator:
+        return GuardedActionOperator(task_id=task_id, agent=agent, scopes=CALENDAR,
+                                     space="names", scope="calendar", resource="room-9",
+                                     intent_action="book", result_action="booked",
+                                     python_callable=lambda: {"room": "9"})
+
+    assert run(guarded("porter", porter)) == {"room": "9"}
+    with pytest.raises(AirflowSkipException) as skipped:
+        run(guarded("eve", "eve"))
+    message = str(skipped.value)
+    assert f"already claimed by agent 'night-porter' ({porter.id})'s action" in message, message
+
+
 def test_a_retried_mark_write_writes_nothing_new(office: EnvelopeStore, dsn: str) -> None:
     """At most one mark per task instance: try 2 of the same instance returns try 1's mark
     id and writes nothing, through the guard and straight into the space; another mapped

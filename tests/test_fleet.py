@@ -255,6 +255,33 @@ def test_apply_creates_the_fleet_and_a_second_apply_changes_nothing(
         space.close()
 
 
+def test_apply_records_every_agent_s_name_in_the_mark_space(store: EnvelopeStore,
+                                                           dsn: str) -> None:
+    """An apply records each agent's name in the fleet's mark space (sql/0076), so the pages
+    name it before its first mark, also `weather-poller`, whose workspace is
+    `weather-station`; the next apply plans nothing. A store whose fleet was applied before
+    the names were recorded (rows missing) gets just those names on the next apply."""
+    fleet = load_fleet(EXAMPLE)
+    first = apply(store, fleet)
+    assert "name agent weather-poller: id " + str(fleet.agent("weather-poller").id) in [
+        str(c) for c in first.changes]
+    everyone = {fleet.agent(a.name).id: a.name for a in fleet.agents}
+    with PostgresMarkSpace(dsn=dsn, scopes=fleet.scopes, space=fleet.space) as space:
+        assert space.agent_names() == everyone
+        assert plan(store, fleet).empty
+        conn = connect(dsn)
+        try:
+            rows(conn, "DELETE FROM agentpost.mark_agents WHERE space = %s AND agent_id = %s",
+                 (fleet.space, str(fleet.agent("weather-poller").id)))
+        finally:
+            conn.close()
+        entries = trail_size(store)
+        again = apply(store, fleet)
+        assert [(c.kind, c.name, c.action) for c in again.changes] == [
+            ("agent", "weather-poller", "name")]
+        assert space.agent_names() == everyone and trail_size(store) == entries
+
+
 def test_a_change_the_store_cannot_make_is_refused_and_nothing_is_written(
         store: EnvelopeStore) -> None:
     """A changed definition the store cannot change in place (a workspace's role, a role's
@@ -346,7 +373,8 @@ def test_a_new_workspace_under_a_sealed_one_is_refused_by_the_plan(
 @pytest.mark.parametrize("table, check", [
     ("workspaces", "id <> 'valet-1'"),
     ("mark_subscriptions", "agent_id <> '{valet}'::uuid"),
-], ids=["workspace", "subscription"])
+    ("mark_agents", "agent_id <> '{valet}'::uuid"),
+], ids=["workspace", "subscription", "name"])
 def test_an_apply_failing_in_the_database_writes_nothing(
         store: EnvelopeStore, dsn: str, table: str, check: str) -> None:
     """docs/fleet.md: a fleet is applied whole or not at all. The database refuses one of
@@ -363,7 +391,7 @@ def test_an_apply_failing_in_the_database_writes_nothing(
     planned = [str(c) for c in plan(store, fleet).changes]
     assert [c.split(":")[0] for c in planned] == [
         "create role valet", "create type valet.call", "create workspace valet-1",
-        "create subscription valet"]
+        "create subscription valet", "name agent valet"]
     with pytest.raises(AgentpostError, match="refuse_valet"):
         apply(store, fleet)
     assert all_rows(dsn) == before

@@ -29,6 +29,7 @@ from agentpost.marks import (
     Agent,
     DecayConfig,
     Intent,
+    InvalidArgument,
     MarkType,
     Need,
     Observation,
@@ -246,8 +247,8 @@ def test_spaces_share_one_pool_per_database(dsn: str) -> None:
 
 def test_a_role_that_can_create_nothing_runs_every_operation(dsn: str) -> None:
     """A space needs no DDL: a login role with only these grants (SELECT and INSERT on the
-    marks, which are never updated or deleted; the subscription tables; the identity
-    sequence) runs every operation."""
+    marks, which are never updated or deleted; the subscription tables; the agents' names,
+    which a write records; the identity sequence) runs every operation."""
     role = f"marks_only_{uuid.uuid4().hex[:8]}"
     admin = connect(dsn)
     try:
@@ -256,6 +257,7 @@ def test_a_role_that_can_create_nothing_runs_every_operation(dsn: str) -> None:
         rows(admin, f"GRANT SELECT, INSERT ON agentpost.marks TO {role}")
         rows(admin, f"GRANT SELECT, INSERT, UPDATE, DELETE ON agentpost.mark_subscriptions,"
                     f" agentpost.mark_watch TO {role}")
+        rows(admin, f"GRANT SELECT, INSERT, UPDATE ON agentpost.mark_agents TO {role}")
         rows(admin, f"GRANT USAGE ON SEQUENCE agentpost.marks_seq TO {role}")
         limited = make_dsn(libpq_dsn(dsn), user=role)
         with pytest.raises(psycopg2.errors.InsufficientPrivilege):
@@ -771,3 +773,88 @@ def test_count_marks_counts_every_stored_mark(space: PostgresMarkSpace) -> None:
     assert space.count_marks() == {("cal", "intent"): 1, ("cal", "action"): 1,
                                    ("cal", "observation"): 1, ("cal", "warning"): 1,
                                    ("cal", "need"): 1, ("news", "observation"): 1}
+
+
+# --------------------------------------------------------------------------- agent names
+
+
+def _names(dsn: str, space: str) -> list[tuple[Any, ...]]:
+    """(agent id, name, the row's xmin) of every name recorded in `space`."""
+    return query(dsn, "SELECT agent_id::text, name, xmin::text FROM agentpost.mark_agents"
+                      " WHERE space = %s ORDER BY agent_id", (space,))
+
+
+def test_a_write_records_its_agent_s_name_once_and_a_rename_replaces_it(
+        space: PostgresMarkSpace, dsn: str) -> None:
+    """sql/0076: a write records (space, agent id, name) in its own statement, whatever the
+    agent's id (here a random one) and name (here not a workspace id); writing again under
+    the same name writes nothing (the row is untouched), a batch records its agent once,
+    and writing under a new name replaces the old one (the pages show the newest)."""
+    poller = Agent(name="weather-poller", scopes={"cal": ALL_TYPES})
+    space.write(poller, Observation(scope="cal", topic="forecast"))
+    [(ident, name, xmin)] = _names(dsn, space.space)
+    assert (ident, name) == (str(poller.id), "weather-poller")
+    space.write_many(poller, [Observation(scope="cal", topic="forecast"),
+                              Intent(scope="cal", resource="r", action="x")])
+    assert _names(dsn, space.space) == [(ident, name, xmin)], "an unchanged name is rewritten"
+    # what a process that has not recorded it yet sends: a probe, nothing written
+    assert query(dsn, "SELECT * FROM agentpost.mark_name_agents(%s, %s::uuid[], %s, false)",
+                 (space.space, [ident], ["weather-poller"])) == [(0, 0)]
+    assert _names(dsn, space.space) == [(ident, name, xmin)]
+    renamed = Agent(id=poller.id, name="rain-poller", scopes={"cal": ALL_TYPES})
+    space.write(renamed, Observation(scope="cal", topic="forecast"))
+    assert space.agent_names() == {poller.id: "rain-poller"}
+    assert space.agent_names([poller.id, WRITER.id]) == {poller.id: "rain-poller"}
+    with PostgresMarkSpace(dsn=dsn, scopes=[CAL], clock=T0, space=space_name()) as other:
+        assert other.agent_names() == {}, "names are per space"
+
+
+def test_names_are_recorded_with_the_marks_or_not_at_all(space: PostgresMarkSpace,
+                                                        dsn: str) -> None:
+    """A write rolled back with its lock() block records no name; an empty name is not
+    recorded, a long one is cut to 200 characters; record_names (a fleet apply) records
+    agents that never wrote, refuses anything but Agents, and says how many were new."""
+    ghost = Agent(name="ghost", scopes={"cal": ALL_TYPES})
+    with pytest.raises(RuntimeError), space.lock("cal", "r"):
+        space.write(ghost, Intent(scope="cal", resource="r", action="x"))
+        raise RuntimeError("the tool failed")
+    assert space.agent_names() == {}
+    space.write(ghost, Observation(scope="cal", topic="t"))
+    assert space.agent_names() == {ghost.id: "ghost"}, "a rolled-back name is not remembered"
+    nameless = Agent(name="", scopes={"cal": ALL_TYPES})
+    long = Agent(name="n" * 300, scopes={"cal": ALL_TYPES})
+    space.write(nameless, Observation(scope="cal", topic="t"))
+    space.write(long, Observation(scope="cal", topic="t"))
+    assert space.agent_names() == {ghost.id: "ghost", long.id: "n" * 199 + "…"}
+    porter = Agent(name="porter", scopes={"cal": ALL_TYPES})
+    with pytest.raises(InvalidArgument):
+        space.record_names([porter, "driver-a"])  # type: ignore[list-item]
+    assert porter.id not in space.agent_names()
+    assert space.record_names([porter, WRITER]) == 2
+    assert space.record_names([porter, WRITER]) == 0
+    assert space.agent_names([porter.id, WRITER.id]) == {porter.id: "porter",
+                                                         WRITER.id: "writer"}
+
+
+def test_a_write_never_waits_for_a_name_another_transaction_is_recording(
+        space: PostgresMarkSpace) -> None:
+    """A lock() transaction records a new agent's name and stays open: another thread's
+    write of that agent neither waits for it nor records the name; when the transaction
+    rolls back, the agent's next write records it."""
+    racer = Agent(name="racer", scopes={"cal": ALL_TYPES})
+    wrote = threading.Event()
+
+    def elsewhere() -> None:
+        space.write(racer, Observation(scope="cal", topic="t"))
+        wrote.set()
+
+    with pytest.raises(RuntimeError), space.lock("cal", "r"):
+        space.write(racer, Intent(scope="cal", resource="r", action="x"))
+        other = threading.Thread(target=elsewhere)
+        other.start()
+        other.join(20)
+        assert wrote.is_set(), "a write waited for another transaction's name row"
+        raise RuntimeError("the tool failed")
+    assert space.agent_names() == {} and len(space) == 1
+    space.write(racer, Observation(scope="cal", topic="t"))
+    assert space.agent_names() == {racer.id: "racer"}

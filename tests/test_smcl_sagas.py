@@ -253,6 +253,45 @@ def test_a_failing_step_compensates_the_executed_steps_in_reverse_order(
     assert store.verify_trail().ok
 
 
+def _stored_compensations(dsn: str, saga_id: str) -> dict[str, str]:
+    """Each step's compensation as the database's saga_view says it (what the page, the
+    JSON API, the CLI and SagaView read)."""
+    (view,), = query(dsn, "SELECT agentpost.saga_view(%s)", (saga_id,))
+    return {step["name"]: step["compensation"] for step in view["steps"]}
+
+
+def test_the_database_says_a_step_that_will_never_execute_is_not_needed(
+        store: EnvelopeStore, ledger: CommandLedger, runner: SagaRunner, ws: str) -> None:
+    """sql/0076: saga_view itself says `pending` only for a running saga's step that can
+    still execute, and `not_needed` for a step whose command failed or was declined, and
+    for a step still waiting at its gate when the saga stopped (another process's step
+    failed); SagaView reads the same."""
+    dsn = store.db.dsn
+    saga = runner.begin(ws, "split-trip")
+    saga.step("flight", "book", {"item": "flight"}, action="book",
+              compensation=("cancel", {"item": "flight"}), auto_confirm="test-policy")
+    with pytest.raises(SagaWaiting):
+        saga.step("hotel", "book", {"item": "hotel"}, action="book",
+                  compensation=("cancel", {"item": "hotel"}))
+    assert _stored_compensations(dsn, saga.saga_id) == {"flight": "recorded",
+                                                        "hotel": "pending"}
+    elsewhere = runner.begin(ws, "split-trip", after=["flight", "hotel"])
+    with pytest.raises(SagaAborted):
+        elsewhere.step("car", _boom, action="book", compensation=("cancel", {"item": "car"}),
+                       auto_confirm="test-policy")
+    stored = _stored_compensations(dsn, saga.saga_id)
+    assert stored == {"flight": "compensated", "hotel": "not_needed", "car": "not_needed"}
+    assert {s.name: s.compensation for s in runner.view(saga.saga_id).steps} == stored
+
+    gated = runner.begin(ws, "declined-trip")
+    with pytest.raises(SagaWaiting) as waiting:
+        gated.step("hotel", "book", {"item": "hotel"}, action="book",
+                   compensation=("cancel", {"item": "hotel"}))
+    ledger.confirmation_envelope("alice", waiting.value.command.command_id, "decline")
+    assert runner.view(gated.saga_id).state is SagaState.RUNNING  # until a run notices
+    assert _stored_compensations(dsn, gated.saga_id) == {"hotel": "not_needed"}
+
+
 def test_a_failing_first_step_has_nothing_to_compensate(
         store: EnvelopeStore, runner: SagaRunner, world: World, ws: str) -> None:
     """Sagas: only executed steps are compensated; a saga whose first step fails is

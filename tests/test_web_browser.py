@@ -439,7 +439,8 @@ def test_times_are_human_in_the_viewers_zone_on_every_page(server: Server,
 def test_agents_are_named_where_the_store_knows_the_name(server: Server,
                                                         browser: Browser) -> None:
     """The fleet's drivers by name in marks, intents and verdicts, never a cut id; the guard's
-    own agent by its name; an agent the store cannot name keeps its whole id on hover."""
+    own agent by its name; the weather poller, whose name is no workspace id, by the name
+    its writes recorded; an agent the store cannot name keeps its whole id on hover."""
     seeded = server.seeded
     look(browser, f"/agentpost/marks?space={seeded.space}", "marks-agents")
     text = js(browser, "return document.body.innerText")
@@ -451,8 +452,11 @@ def test_agents_are_named_where_the_store_knows_the_name(server: Server,
     assert "driver-b" in verdicts[seeded.agents["driver-b"]]
     assert "won" in verdicts[seeded.agents["driver-b"]]
     assert "asked by markspace-guard" in browser.css("table#needs").text
-    poller = browser.css(f"code.agent.unnamed[data-agent-id='{seeded.poller}']")
+    poller = browser.css(f"span.agent[data-agent-id='{seeded.poller}']")
+    assert poller.text == "weather-poller" and seeded.poller[:8] not in text
     assert seeded.poller in poller.get_attribute("title")
+    unnamed = browser.css(f"code.agent.unnamed[data-agent-id='{seeded.unnamed}']")
+    assert seeded.unnamed in unnamed.get_attribute("title")
 
 
 def look(b: Browser, path: str, shot: str) -> None:

@@ -290,11 +290,20 @@ def test_times_are_human_never_epoch_seconds(web: Any, space: PostgresMarkSpace)
     assert not EPOCH.findall(_visible(mark))
 
 
+def _forget_names(dsn: str) -> None:
+    """Drop every recorded name (pages look ids up in any space): the store's marks then
+    look as if written before sql/0076."""
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("DELETE FROM agentpost.mark_agents")
+    conn.close()
+
+
 def test_agents_are_named_where_the_store_knows_the_name(
         web: Any, space: PostgresMarkSpace, module_dsn: str) -> None:
-    """An agent of a fleet (its id derived from space and name), an operator's agent given by
-    name, and the signed-in person are shown by name wherever a mark, intent or verdict
-    names them; an agent with a random id keeps its id (shortened, whole on hover)."""
+    """With no recorded names (marks from before sql/0076), the names are derived: an agent
+    of a fleet (its id derived from space and name), an operator's agent given by name, and
+    the signed-in person are shown by name wherever a mark, intent or verdict names them; an
+    agent with a random id keeps its id (shortened, whole on hover)."""
     from agentpost.operators.marks import stable_agent
     from agentpost.protocol.fleet import AGENT_NAMESPACE
 
@@ -314,6 +323,7 @@ def test_agents_are_named_where_the_store_knows_the_name(
     guard.pre_action(fleet_agent, "lot", "spot-1", "park", 0.9)
     guard.pre_action(named[clerk], "lot", "spot-1", "park", 0.4)
     guard.resolve_deferred("lot", "spot-1")
+    _forget_names(module_dsn)
     page = web.client("viewer").get(_url(space)).text
     text = _visible(page)
     for name, agent in named.items():
@@ -329,6 +339,39 @@ def test_agents_are_named_where_the_store_knows_the_name(
     mark = web.client("viewer").get(f"/agentpost/marks/{newest}?space={space.space}").text
     agent_field = re.search(r'data-field="agent_id">(.*?)</tr>', mark, re.S)[1]
     assert clerk in _visible(agent_field) and str(named[clerk].id) in agent_field
+
+
+def test_recorded_names_name_any_agent_the_newest_name_first(
+        web: Any, space: PostgresMarkSpace) -> None:
+    """Every write records its agent's name (sql/0076), so the pages name agents the
+    derivation cannot: a fleet's `weather-poller`, whose name is no workspace id, and an
+    agent with a random id, in marks, intents, verdicts and a mark's own page, never as a
+    cut id. An agent that writes under a new name (the same id) shows the newest."""
+    from agentpost.protocol.fleet import AGENT_NAMESPACE
+
+    poller = Agent(id=uuid.uuid5(AGENT_NAMESPACE, f"{space.space}/weather-poller"),
+                   name="weather-poller", scopes={"ops": ALL, "lot": ALL})
+    porter = Agent(name="night-porter", scopes={"ops": ALL, "lot": ALL})  # a uuid4 id
+    observed = space.write(poller, Observation(scope="ops", topic="rain"))
+    space.write(porter, Observation(scope="ops", topic="doors"))
+    guard = Guard(space)
+    guard.pre_action(poller, "lot", "spot-9", "park", 0.9)
+    guard.pre_action(porter, "lot", "spot-9", "park", 0.4)
+    guard.resolve_deferred("lot", "spot-9")
+    porter = Agent(id=porter.id, name="day-porter", scopes={"ops": ALL})
+    porters = space.write(porter, Observation(scope="ops", topic="doors"))
+    page = web.client("viewer").get(_url(space)).text
+    text = _visible(page)
+    for name, agent in (("weather-poller", poller), ("day-porter", porter)):
+        assert f'<span class="agent" data-agent-id="{agent.id}"' in page, name
+        assert name in text and str(agent.id)[:8] not in text, name
+    assert "night-porter" not in text, "the newest name is shown"
+    for table in ("intents", "verdicts"):
+        body = _visible(re.search(rf'<table id="{table}">(.*?)</table>', page, re.S)[1])
+        assert "weather-poller" in body and "day-porter" in body, table
+    for mark, name in ((observed, "weather-poller"), (porters, "day-porter")):
+        one = web.client("viewer").get(f"/agentpost/marks/{mark}?space={space.space}").text
+        assert name in _visible(re.search(r'data-field="agent_id">(.*?)</tr>', one, re.S)[1])
 
 
 def _render_now_mark(page: str) -> float:

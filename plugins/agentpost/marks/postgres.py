@@ -2,8 +2,9 @@
 
 Same methods and behaviour as the in-memory `space.MarkSpace` (`MarkSpaceProtocol`, plus
 `write_many`, `all_marks`, `registered_scopes`, `close`, `len()`); what differs is where the
-marks live. Tables and SQL functions are in `sql/0007_marks.sql`, the statements in
-`marks/queries.sql`.
+marks live. Only here: the agent names the pages read (`record_names`, `agent_names`).
+Tables and SQL functions are in `sql/0007_marks.sql` (and later migrations), the statements
+in `marks/queries.sql`.
 
 Why it is built this way:
 
@@ -28,7 +29,10 @@ Why it is built this way:
   queues it for subscribers. created_at is max(clock, latest created_at of the space) (P32),
   without a per-space lock: no write gets a time earlier than a mark already committed in
   its space. Ids are made in SQL from the write sequence (`agentpost.mark_id`), so marks that
-  tie on created_at still order by write order under P32's (created_at, id).
+  tie on created_at still order by write order under P32's (created_at, id). Until this
+  process has recorded the writer's name (`agentpost.mark_agents`, sql/0076), the same
+  call records it (a primary-key probe; a row written only when the name is new or
+  changed); after that, writes run the plain statement, as before names were recorded.
 - **Reads are one statement** through plpgsql functions (`mark_read_at`, `mark_strength`), so
   their plans are made once per session. Reads skip faded marks in the index (`fades_at`:
   expired intents, resolved needs, observations and warnings decayed below FADE_FLOOR when
@@ -74,7 +78,7 @@ import os
 import threading
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar
 from uuid import UUID
@@ -288,12 +292,38 @@ def _text_arg(value: object) -> str | None:
         return None
 
 
+NameKey = tuple[str, str, str, str]  # (DSN, space, agent id, name)
+
+
+class _Named:
+    """The agent names this process has recorded (sql/0076), so a write sends an agent's
+    name only until it is recorded, then runs the plain mark_write as before names existed.
+    Per process, cleared when full; another process's rename of the same id is not seen
+    (the table keeps the name recorded last)."""
+
+    _lock = threading.Lock()
+    _known: ClassVar[set[NameKey]] = set()
+    LIMIT = 100_000
+
+    @classmethod
+    def known(cls, key: NameKey) -> bool:
+        return key in cls._known
+
+    @classmethod
+    def add(cls, keys: Sequence[NameKey]) -> None:
+        with cls._lock:
+            if len(cls._known) + len(keys) > cls.LIMIT:
+                cls._known.clear()
+            cls._known.update(keys)
+
+
 class _Transaction(threading.local):
     """The calling thread's open lock() transaction, if any (per space object)."""
 
     conn: Any = None
     failed: bool = False
     pending: list[tuple[list[WriteHook], list[tuple[UUID, Mark]]]] | None = None
+    named: list[NameKey] | None = None  # names recorded in it, known once it commits
 
 
 # --------------------------------------------------------------------------- the space
@@ -401,11 +431,11 @@ class PostgresMarkSpace(SpaceBase):
             authorize(agent, mark, scope)
         items = [(m, agent.id, s.decay, s.visibility) for m, s in zip(checked, scopes, strict=True)]
         if self.max_marks_per_agent is None:
-            return [m.id for m in self._store(items)]
+            return [m.id for m in self._store(items, agent)]
         # count and write under one advisory lock on (space, agent), across processes
         with self._transaction("agentpost.marks-quota:" + json.dumps([self.space, str(agent.id)])):
             self._check_quota(agent, checked)
-            return [m.id for m in self._store(items)]
+            return [m.id for m in self._store(items, agent)]
 
     def _quota_state(self, agent_id: UUID, targets: set[UUID]) -> tuple[int, set[UUID]]:
         rows = self._rows("quota_state", {"agent_id": str(agent_id),
@@ -414,18 +444,27 @@ class PostgresMarkSpace(SpaceBase):
         return int(held), {UUID(str(t)) for t in owned}
 
     def _store(
-        self, items: Sequence[tuple[Mark, UUID, DecayConfig, ScopeVisibility]]
+        self, items: Sequence[tuple[Mark, UUID, DecayConfig, ScopeVisibility]],
+        writer: Agent | None = None,
     ) -> list[Mark]:
         """Insert checked marks (mark, agent id, governing decay, scope visibility) and
-        return them as stored; hooks fire now, or at the commit of an open lock()."""
+        return them as stored, recording the `writer`'s name in the same call; hooks fire
+        now, or at the commit of an open lock()."""
         if not items:
             return []
         now = self.now()
         if not math.isfinite(now):
             raise InvalidArgument(f"the space's clock returned {now!r}")
         rows = [self._row(m, agent_id, decay, vis) for m, agent_id, decay, vis in items]
-        result = self._rows("write", {"rows": json.dumps(rows), "now": now})
-        stamped = {int(n): (UUID(str(mark_id)), created) for n, mark_id, created in result}
+        params = {"rows": json.dumps(rows), "now": now}
+        key = (self.dsn, self.space, str(writer.id), writer.name) if writer else None
+        if key is None or not key[3] or _Named.known(key):
+            result = self._rows("write", params)
+        else:
+            result = self._rows("write_named", {**params, **_names([writer])})
+            if all(row[3] for row in result):
+                self._remember(key)
+        stamped = {int(row[0]): (UUID(str(row[1])), row[2]) for row in result}
         stored = [
             mark.model_copy(
                 update={"id": stamped[n][0], "agent_id": agent_id, "created_at": stamped[n][1]}
@@ -441,6 +480,13 @@ class PostgresMarkSpace(SpaceBase):
             else:
                 fire_hooks(hooks, writes)
         return stored
+
+    def _remember(self, key: NameKey) -> None:
+        """The name is recorded: at once, or when this thread's open transaction commits."""
+        if self._tx.named is None:
+            _Named.add([key])
+        else:
+            self._tx.named.append(key)
 
     @staticmethod
     def _row(
@@ -759,6 +805,23 @@ class PostgresMarkSpace(SpaceBase):
             marks.append(project_mark(mark) if row[_N] else mark)
         return marks
 
+    # ----------------------------------------------------------------- agent names
+
+    def record_names(self, agents: Iterable[Agent]) -> int:
+        """Record each agent's name in this space (`agentpost.mark_agents`, sql/0076), as
+        its first write does, so pages name it before it writes (a fleet apply). An agent
+        recorded under that name already writes nothing. Returns how many names were new
+        or changed."""
+        agents = list(agents)
+        if not all(isinstance(a, Agent) for a in agents):
+            raise InvalidArgument("record_names takes Agents")
+        return int(self._rows("name_agents", _names(agents))[0][0]) if agents else 0
+
+    def agent_names(self, ids: Iterable[UUID] | None = None) -> dict[UUID, str]:
+        """The names recorded in this space (the newest per agent): of `ids`, or all."""
+        wanted = None if ids is None else [str(agent_id_of(i)) for i in ids]
+        return {UUID(str(i)): n for i, n in self._rows("agent_names", {"ids": wanted})}
+
     # ----------------------------------------------------------------- deferred verdicts
 
     def record_verdicts(
@@ -881,11 +944,12 @@ class PostgresMarkSpace(SpaceBase):
         tx = self._tx
         if tx.conn is not None:
             raise InvalidArgument("this thread already has a transaction open on this space")
-        tx.conn, tx.failed, tx.pending = conn, False, []  # (hooks held, never fired)
+        # hooks held and never fired, names recorded never remembered: the caller commits
+        tx.conn, tx.failed, tx.pending, tx.named = conn, False, [], []
         try:
             yield
         finally:
-            tx.conn = tx.pending = None
+            tx.conn = tx.pending = tx.named = None
 
     @contextmanager
     def _transaction(self, key: str) -> Iterator[None]:
@@ -898,19 +962,20 @@ class PostgresMarkSpace(SpaceBase):
             yield
             return
         pending: list[tuple[list[WriteHook], list[tuple[UUID, Mark]]]] = []
+        named: list[NameKey] = []
         with self._pool.cursor() as cur:
             # A psycopg2 error raised in this block (BEGIN, ROLLBACK, COMMIT) reaches
             # Database.cursor, which translates it and drops a broken connection.
-            tx.conn, tx.failed, tx.pending = cur.connection, False, pending
+            tx.conn, tx.failed, tx.pending, tx.named = cur.connection, False, pending, named
             try:
                 try:
                     cur.execute("BEGIN; " + QUERIES["lock"], {"key": key})  # one round trip
                     yield
                 except BaseException:
-                    tx.conn = tx.pending = None
+                    tx.conn = tx.pending = tx.named = None
                     cur.execute("ROLLBACK")
                     raise
-                tx.conn = tx.pending = None
+                tx.conn = tx.pending = tx.named = None
                 if tx.failed:
                     cur.execute("ROLLBACK")
                     raise StoreError(
@@ -918,7 +983,8 @@ class PostgresMarkSpace(SpaceBase):
                     )
                 cur.execute("COMMIT")
             finally:
-                tx.conn = tx.pending = None
+                tx.conn = tx.pending = tx.named = None
+        _Named.add(named)
         for hooks, writes in pending:
             fire_hooks(hooks, writes)
 
@@ -928,6 +994,11 @@ PostgresMarkSpace.__init__.__signature__ = inspect.signature(  # type: ignore[at
 
 
 # --------------------------------------------------------------------------- arguments
+
+
+def _names(agents: Sequence[Agent]) -> dict[str, list[str]]:
+    """The agent_ids / agent_names arguments of the statements that record names."""
+    return {"agent_ids": [str(a.id) for a in agents], "agent_names": [a.name for a in agents]}
 
 
 _threshold = min_strength_arg

@@ -8,6 +8,22 @@
 -- A batch of checked marks (JSON rows built by PostgresMarkSpace._row), in one statement.
 SELECT n, id, created_at FROM agentpost.mark_write(%(space)s, %(now)s, %(rows)s::json)
 
+-- name: write_named
+-- The same, recording the writing agent's name on the way (sql/0076); `named`: recorded.
+SELECT n, id, created_at, named
+  FROM agentpost.mark_write(%(space)s, %(now)s, %(rows)s::json, %(agent_ids)s::uuid[],
+                            %(agent_names)s::text[])
+
+-- name: name_agents
+-- A fleet apply's agents (it waits for a name another transaction is recording).
+SELECT recorded FROM agentpost.mark_name_agents(%(space)s, %(agent_ids)s::uuid[],
+                                                %(agent_names)s::text[], true)
+
+-- name: agent_names
+SELECT agent_id, name FROM agentpost.mark_agents
+ WHERE space = %(space)s AND (%(ids)s::uuid[] IS NULL OR agent_id = ANY (%(ids)s::uuid[]))
+ ORDER BY agent_id
+
 -- name: get
 SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes, resource,
        action, topic, confidence, source, invalidates, severity, priority, blocking,

@@ -12,7 +12,12 @@ file again plans nothing and writes nothing.
 Apply only adds: roles, types, permission rows and workspaces absent from the file are left
 as they are. Agents' watch-pattern inputs become subscriptions in the fleet's mark space
 (Markspace §13.3), so marks written after the apply are queued for an agent even before its
-first activation; a changed subscription is replaced, which drops its queue (P48).
+first activation; a changed subscription is replaced, which drops its queue (P48). Every
+agent's name is recorded in the mark space (`record_names`), so the pages name it before
+its first mark, even when the name is not a workspace id.
+
+The mark space is reached through its own object (`PostgresMarkSpace`), never through its
+tables' writes: the store and the mark space stay independent (the plan only reads them).
 """
 
 from __future__ import annotations
@@ -41,8 +46,8 @@ class FleetConflict(FleetError, Conflict):
 
 @dataclass(frozen=True)
 class Change:
-    """One step of applying a fleet: `kind` is role, type, permission, workspace or
-    subscription; `action` create, add, replace or remove."""
+    """One step of applying a fleet: `kind` is role, type, permission, workspace,
+    subscription or agent; `action` create, add, replace, remove or name."""
 
     kind: str
     name: str
@@ -74,6 +79,7 @@ class _State:
     permissions: set[tuple[str, str, str]]
     workspaces: dict[str, dict[str, Any]]
     subscriptions: dict[str, tuple[set[WatchPattern], set[str]]]
+    names: dict[str, str]  # agent id: the name the mark space has recorded
 
 
 def _read_state(store: EnvelopeStore, fleet: Fleet) -> _State:
@@ -98,6 +104,9 @@ def _read_state(store: EnvelopeStore, fleet: Fleet) -> _State:
                                          " state FROM agentpost.workspaces WHERE id = ANY (%s)",
                                          ([w.id for w in fleet.workspaces],))},
         subscriptions=subscriptions,
+        names={str(agent_id): name for agent_id, name in db.fetchall(
+            "SELECT agent_id, name FROM agentpost.mark_agents"
+            " WHERE space = %s AND agent_id = ANY (%s::uuid[])", (fleet.space, ids))},
     )
 
 
@@ -106,7 +115,8 @@ def plan(store: EnvelopeStore, fleet: Fleet) -> FleetPlan:
     state = _read_state(store, fleet)
     conflicts: list[tuple[str, str]] = []
     result = FleetPlan(fleet)
-    for step in (_plan_roles, _plan_types, _plan_workspaces, _plan_subscriptions):
+    for step in (_plan_roles, _plan_types, _plan_workspaces, _plan_subscriptions,
+                 _plan_names):
         for entry, item in step(fleet, state):
             if isinstance(item, Change):
                 result.changes.append(item)
@@ -225,6 +235,14 @@ def _plan_subscriptions(fleet: Fleet, state: _State) -> Planned:
             yield where, Change("subscription", spec.name, "remove")
 
 
+def _plan_names(fleet: Fleet, state: _State) -> Planned:
+    for index, spec in enumerate(fleet.agents):
+        agent = fleet.agent(spec.name)
+        if state.names.get(str(agent.id)) != agent.name:
+            yield f"agents[{index}] ({spec.name})", Change("agent", spec.name, "name",
+                                                            f"id {agent.id}")
+
+
 def apply(store: EnvelopeStore, fleet: Fleet, *, dry_run: bool = False) -> FleetPlan:
     """Make the store hold `fleet`: plan (nothing written on a conflict), then every change
     in one transaction, so a failing one leaves the store as it was. With `dry_run`, only
@@ -236,12 +254,12 @@ def apply(store: EnvelopeStore, fleet: Fleet, *, dry_run: bool = False) -> Fleet
     try:
         with store.db.transaction() as conn:
             for change in result.changes:
-                if change.kind != "subscription":
+                if change.kind not in ("subscription", "agent"):
                     _register(store, fleet, change)
                     continue
                 space = space or _mark_space(store, fleet)
                 with space.joined(conn):
-                    _subscribe(space, fleet, change)
+                    _in_mark_space(space, fleet, change)
     finally:
         if space is not None:
             space.close()
@@ -268,9 +286,12 @@ def _mark_space(store: EnvelopeStore, fleet: Fleet) -> Any:
     return PostgresMarkSpace(dsn=store.dsn, scopes=fleet.scopes, space=fleet.space, pool_size=1)
 
 
-def _subscribe(space: Any, fleet: Fleet, change: Change) -> None:
+def _in_mark_space(space: Any, fleet: Fleet, change: Change) -> None:
+    """A subscription change, or an agent's name, through the fleet's mark space."""
     agent = fleet.agent(change.name)
-    if change.action == "remove":
+    if change.kind == "agent":
+        space.record_names([agent])
+    elif change.action == "remove":
         space.unsubscribe(agent)
     else:
         space.subscribe(agent, fleet.agent_def(change.name).patterns)

@@ -26,7 +26,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict
 
 from agentpost.protocol.commands import CommandState, CommandView
 from agentpost.protocol.errors import AgentpostError, Conflict, InvalidInput
@@ -44,10 +44,6 @@ S = CommandState
 
 #: a step's command that ended without executing: the saga compensates the steps before it
 _NOT_EXECUTED = frozenset({S.FAILED, S.REJECTED, S.CANCELED, S.COMPENSATED})
-#: the same, as the database spells them (a step's command that will never execute)
-_ENDED_UNEXECUTED = frozenset(s.value for s in (S.FAILED, S.REJECTED, S.CANCELED))
-#: a step's compensation when its command did not execute and never will (`SagaView`)
-NOT_NEEDED = "not_needed"
 #: a step's command confirmed since it was submitted: the rest of its gates need nobody
 _GATES_PASSED = frozenset({S.CONFIRMED, S.AUTHZ_PENDING, S.AUTHORIZED})
 #: a compensate command that ended: its attempt can be recorded
@@ -91,12 +87,10 @@ class StepView(BaseModel):
 class SagaView(BaseModel):
     """A saga as stored, with its steps in order.
 
-    A step whose command has not executed has nothing to undo. The database calls its
-    compensation ``pending`` whatever the saga's state (sql/0010, ``_saga_steps_json``); it
-    is pending only while the step can still execute: in a running saga, with a command
-    that has not ended. Once the command ended without executing (failed, rejected,
-    canceled) or the saga stopped running steps (compensating, compensated, escalated: it
-    plans no step again), the compensation is ``not_needed``, never to come."""
+    A step whose command has not executed has nothing to undo: the database says
+    ``pending`` while the step can still execute (a running saga, a command that has not
+    ended), and ``not_needed`` once it never will (its command ended without executing, or
+    the saga stopped running steps), sql/0076 ``_saga_steps_json``."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -111,18 +105,6 @@ class SagaView(BaseModel):
     created_at: datetime
     updated_at: datetime
     steps: tuple[StepView, ...] = ()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _settle_pending(cls, data: Any) -> Any:
-        if not isinstance(data, Mapping) or not isinstance(data.get("steps"), list | tuple):
-            return data
-        running = data.get("state") == SagaState.RUNNING.value
-        steps = [{**step, "compensation": NOT_NEEDED}
-                 if isinstance(step, Mapping) and step.get("compensation") == "pending"
-                 and (not running or step.get("command_state") in _ENDED_UNEXECUTED)
-                 else step for step in data["steps"]]
-        return {**data, "steps": steps}
 
     def step(self, name: str) -> StepView:
         for step in self.steps:

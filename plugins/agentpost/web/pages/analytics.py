@@ -165,7 +165,8 @@ def analytics_page(request: Request, store: Store) -> Response:
     data = analytics(store)
     airflow = root(request).removesuffix("/agentpost")
     return page(request, "analytics.html", nav="analytics", columns=TABLES,
-                names=page_names(request, store, _spaces(store)), chart_view=chart_view(data),
+                names=page_names(request, store, _spaces(store), data["tables"]),
+                chart_view=chart_view(data),
                 analytics_dag=ANALYTICS_DAG, audit_dag=AUDIT_DAG, airflow=airflow, **data)
 
 

@@ -294,7 +294,7 @@ def marks_page(request: Request, store: Store, space: str | None = None,
         return page(request, "marks.html", nav="marks", spaces=spaces)
     view = space_view(store, _space_arg(space), _scope_arg(scope), before, time.time())
     return page(request, "marks_space.html", nav="marks", done=done, **view,
-                names=page_names(request, store, [view["space"]]),
+                names=page_names(request, store, [view["space"]], view),
                 decay={m["id"]: m["decay"] for m in view["marks"]},
                 outcomes=[list(OUTCOMES), [view["verdicts"]["outcomes"][o] for o in OUTCOMES]])
 
@@ -322,7 +322,7 @@ def mark_page(request: Request, store: Store, mark_id: str,
               and v is not None}
     return page(request, "mark.html", nav="marks", space=name, mark=row, fields=fields,
                 body=row["body"], now=now, decay=terms,
-                names=page_names(request, store, [name]),
+                names=page_names(request, store, [name], row),
                 series=decay_series(terms, now))
 
 
