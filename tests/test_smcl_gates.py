@@ -26,6 +26,7 @@ from agentpost.marks import (
 )
 from agentpost.protocol.commands import AUTHZ_POLICY, CONFIRMATION_TYPE, CommandState
 from agentpost.protocol.errors import (
+    AgentpostError,
     Conflict,
     Forbidden,
     InvalidInput,
@@ -279,6 +280,39 @@ def test_the_deciding_envelope_is_consumed(store: EnvelopeStore, world: dict[str
                     if e.envelope_id != bad and e.body.get("type") == CONFIRMATION_TYPE]
         assert store.get(answer.envelope_id).consumed_at is not None
         assert [e.id for e in store.inbox("plan")] == [bad]
+        assert store.verify_trail().ok
+
+
+def test_a_decision_whose_envelope_cannot_be_consumed_is_not_taken(
+        store: EnvelopeStore, pg: Any, world: dict[str, str]) -> None:
+    """The decision and the consumption of the envelope that made it commit together: when
+    consuming fails (here a real trigger refuses it, as a crash between two commits would
+    leave it), the command stays undecided, nothing of the decision is on the trail, and the
+    envelope waits in the inbox to be answered again."""
+    with CommandLedger(store) as ledger:
+        view = _book(ledger, "k")
+        sent = store.inject("alice", "plan", CONFIRMATION_TYPE,
+                            {"command_id": view.command_id, "decision": "confirm"},
+                            format="json").envelope_id
+        before = len(store.trail())
+        with pg.cursor() as cur:
+            cur.execute("""
+                CREATE FUNCTION pg_temp.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN RAISE EXCEPTION 'consuming refused by the test'; END $$;
+                CREATE TRIGGER refuse_consume BEFORE UPDATE OF consumed_at
+                    ON agentpost.envelopes FOR EACH ROW
+                    WHEN (NEW.consumed_at IS NOT NULL) EXECUTE FUNCTION pg_temp.refuse();""")
+        try:
+            with pytest.raises(AgentpostError):
+                ledger.confirm_from_envelope(sent)
+        finally:
+            with pg.cursor() as cur:
+                cur.execute("DROP TRIGGER refuse_consume ON agentpost.envelopes")
+        assert ledger.view(view.command_id).state is view.state
+        assert len(store.trail()) == before
+        assert [e.id for e in store.inbox("plan")] == [sent]
+        assert ledger.confirm_from_envelope(sent).state is S.CONFIRMED
+        assert store.inbox("plan") == []
         assert store.verify_trail().ok
 
 

@@ -391,12 +391,14 @@ class CommandLedger:
         command's workspace>, type="command.confirmation", content={"command_id": ...,
         "decision": "confirm"|"decline"}, format="json")``. Forged ones (not from a person,
         wrong workspace, stale, reused, unknown command) raise and change nothing. The
-        envelope that decided is consumed: it was acted on, and left in the workspace's
-        inbox it would look like a request nobody answered."""
-        data = self.db.scalar("SELECT agentpost.command_confirm_envelope(%s)",
-                              (_ref(envelope_id, "envelope id"),))
-        view = _view(data)
-        self.store.consume(view.workspace, envelope_id)
+        envelope that decided is consumed in the same transaction: it was acted on, and left
+        in the workspace's inbox it would look like a request nobody answered; decided but
+        not consumed (a crash between two commits) it would look the same."""
+        with self.db.transaction():
+            data = self.db.scalar("SELECT agentpost.command_confirm_envelope(%s)",
+                                  (_ref(envelope_id, "envelope id"),))
+            view = _view(data)
+            self.store.consume(view.workspace, envelope_id)
         self._close_need(view, envelope_id)
         return view
 
