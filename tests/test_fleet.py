@@ -219,6 +219,22 @@ def test_the_cli_refuses_a_file_5000_levels_deep_in_one_line(tmp_path: Path,
                             rf"than {MAX_DEPTH} levels\n", done.stderr), done.stderr[-2000:]
 
 
+def test_the_cli_stops_quietly_when_its_reader_goes_away(tmp_path: Path) -> None:
+    """`agentpost fleet show fleet.yaml | head` : the reader closes the pipe before the CLI has
+    written; the CLI stops with 141 (a Unix tool killed by SIGPIPE) and says nothing, where
+    it ended in a BrokenPipeError traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "agentpost.cli", "fleet", "show",
+                             str(EXAMPLE)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=tmp_path)
+    proc.stdout.close()
+    try:
+        stderr = proc.stderr.read().decode()
+    finally:
+        proc.stderr.close()
+        proc.wait(timeout=120)
+    assert (proc.returncode, stderr) == (141, "")
+
+
 # -- applying ---------------------------------------------------------------------------------
 
 

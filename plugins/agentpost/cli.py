@@ -423,13 +423,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return func(args)
+        code = func(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the try, not at shutdown
+        return code
     except AgentpostError as exc:
         message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         print(f"agentpost: {message}{_where(args, exc)}", file=sys.stderr)
         return next(code for kind, code in _EXIT_CODES if isinstance(exc, kind))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader went away (`agentpost trail | head`): stop quietly, as a Unix tool does;
+        # stdout is pointed at /dev/null so the interpreter's final flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":
