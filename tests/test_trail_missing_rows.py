@@ -389,3 +389,13 @@ def test_wacp_3_integrity_since_a_busy_store_accounts_for_every_row(
     assert since.checkpoint["rows"] == world.checkpoint().to_dict()["rows"] \
         == world.verify_trail().checkpoint["rows"]
 
+
+def test_wacp_3_integrity_the_spark_audit_looks_for_every_kind() -> None:
+    """The Spark audit's rows_exist (spark/audit_checks.py) finds the rows the entries name
+    from protocol/named_rows.py itself; the tables it reads them from are listed by hand
+    (spark/audit.py), so they are held to the same kinds: a kind the store learns to check
+    is one the audit reads."""
+    from agentpost.spark.audit import PRESENT_KINDS
+
+    assert sorted(PRESENT_KINDS) == sorted(nr.KINDS)
+    assert len(PRESENT_KINDS) == len(set(PRESENT_KINDS))
