@@ -12,7 +12,9 @@ itself) is not reported.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -241,7 +243,7 @@ def _copy_row(pg: Any, table: str, key: str, old: str, new: str) -> None:
 
 
 def test_wacp_3_integrity_since_a_row_replaced_or_renamed_is_found(
-        world: EnvelopeStore, pg: Any) -> None:
+        world: EnvelopeStore, pg: Any, tmp_path: Path) -> None:
     """WACP §3 Integrity, against a count: an envelope deleted and an unrelated fake one
     inserted in its place, and a command whose id was changed, leave every table's row count
     as it was; the checkpoint's digests (keyed hashes of the rows' ids) still differ, so the
@@ -264,6 +266,10 @@ def test_wacp_3_integrity_since_a_row_replaced_or_renamed_is_found(
     assert {(m.kind, m.id) for m in since.missing_rows} == {("envelope", eid),
                                                              ("command", cid)}
     assert since.rows_unaccounted == ("envelope", "command")
+    (tmp_path / "cp.json").write_text(json.dumps(cp))
+    run = agentpost(world.dsn, "verify", "--since", str(tmp_path / "cp.json"))
+    assert run.code == 1 and f"missing row: envelope {eid}" in run.err
+    assert "note: the tables of envelope, command hold rows that no entry" in run.err
 
 
 def _counts(pg: Any) -> list[tuple[Any, ...]]:
@@ -272,7 +278,7 @@ def _counts(pg: Any) -> list[tuple[Any, ...]]:
 
 
 def test_wacp_3_integrity_since_an_old_checkpoint_still_verifies(
-        world: EnvelopeStore, pg: Any) -> None:
+        world: EnvelopeStore, pg: Any, tmp_path: Path) -> None:
     """A version 1 checkpoint (no row digests, as written before them) is still accepted:
     the run since it looks for the rows the new entries name only, and says so
     (`since_rows`); the checkpoint it hands on has no row digests either, since it vouched
@@ -285,6 +291,9 @@ def test_wacp_3_integrity_since_an_old_checkpoint_still_verifies(
     result = world.verify_trail(since=manifest)
     assert result.ok and result.since_rows == "named since"
     assert result.checkpoint["version"] == 1 and "rows" not in result.checkpoint
+    (tmp_path / "old.json").write_text(old.to_json())
+    run = agentpost(world.dsn, "verify", "--since", str(tmp_path / "old.json"))
+    assert run.code == 0 and "a checkpoint without row digests" in run.out
     delete_outright(pg, "envelopes", ("id",), (eid,))
     assert world.verify_trail(since=manifest).ok  # what an old checkpoint cannot show
     _, later, *_ = _envelope(world)
