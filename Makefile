@@ -58,6 +58,8 @@ bench: venv
 	$(BIN)/agentpost bench airflow
 	# fills scratch stores to 100k and 1M envelopes (several minutes); --large adds 10M
 	$(BIN)/agentpost bench growth
+	# verify_trail(since=) with and without row digests over 200k envelopes (a few minutes)
+	$(BIN)/agentpost bench since
 	# the agentpost pages over 1M trail entries and 100k marks, through the Airflow app
 	$(BIN)/agentpost bench ui
 

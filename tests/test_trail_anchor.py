@@ -213,12 +213,27 @@ EDITS: dict[str, Callable[[dict[str, Any]], str | bytes]] = {
     "chain dropped": _edited(lambda m: m["chains"].pop("w3")),
     "chain added": _edited(lambda m: m["chains"].update(w9={"seq": 1, "hash": "00" * 32})),
     "taken_at moved": _edited(lambda m: m.update(taken_at="2001-01-01T00:00:00.000000Z")),
+    "row count lowered (would hide a deletion)": _edited(
+        lambda m: m["rows"]["envelope"].update(count=m["rows"]["envelope"]["count"] - 1)),
+    "row sum replaced": _edited(lambda m: m["rows"]["envelope"].update(sum="0" * 16)),
+    "made version 1 without its row digests": _edited(
+        lambda m: (m.update(version=1), m.pop("rows"))),
     "signed with another key": _resigned,
     "signature replaced": _edited(lambda m: m.update(mac="00" * 32)),
     # malformed
     "no signature": _edited(lambda m: m.pop("mac")),
     "unknown field": _edited(lambda m: m.update(note="trust me")),
-    "other version": _edited(lambda m: m.update(version=2)),
+    "other version": _edited(lambda m: m.update(version=3)),
+    "version 1 with row digests": _edited(lambda m: m.update(version=1)),
+    "rows of a kind dropped": _edited(lambda m: m["rows"].pop("route")),
+    "rows of an unknown kind": _edited(lambda m: m["rows"].update(
+        mark={"count": 0, "sum": "0" * 16})),
+    "rows a list": _edited(lambda m: m.update(rows=[])),
+    "row count negative": _edited(lambda m: m["rows"]["role"].update(count=-1)),
+    "row count as text": _edited(lambda m: m["rows"]["role"].update(count="1")),
+    "row sum upper case": _edited(lambda m: m["rows"]["role"].update(sum="ABCDEF0123456789")),
+    "row sum short": _edited(lambda m: m["rows"]["role"].update(sum="abc")),
+    "row digest with an extra field": _edited(lambda m: m["rows"]["role"].update(note=1)),
     "version true": _edited(lambda m: m.update(version=True)),
     "other format": _edited(lambda m: m.update(format="something-else")),
     "seq as text": _edited(lambda m: m["chains"]["w1"].update(seq="3")),
@@ -234,7 +249,7 @@ EDITS: dict[str, Callable[[dict[str, Any]], str | bytes]] = {
     "taken_at without zone": _edited(lambda m: m.update(taken_at="2030-01-01T00:00:00")),
     "duplicate chain": lambda m: json.dumps(m).replace(
         '"chains": {', '"chains": {"w1": {"seq": 1, "hash": "' + "00" * 32 + '"}, ', 1),
-    "NaN": lambda m: json.dumps(m).replace('"version": 1', '"version": NaN'),
+    "NaN": lambda m: json.dumps(m).replace('"version": 2', '"version": NaN'),
     "not JSON": lambda m: json.dumps(m)[:-1],
     "a JSON list": lambda m: json.dumps([m]),
     "empty": lambda m: "",

@@ -164,6 +164,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"trail verified: {result.entries} entries in {result.chains} chains"
               f"{_verified_since(result)}{_verified_anchor(result)}"
               + ("" if args.out is None else f"; its checkpoint written to {args.out}"))
+        _unaccounted(result, sys.stdout)
         return 0
     where = (f" at entry #{result.failure_id} (chain {result.failure_chain}, "
              f"seq {result.failure_seq})" if result.failure_id is not None
@@ -175,13 +176,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for row in result.missing_rows:
         print(f"  missing row: {row.kind} {row.id} (named in chain {row.chain})",
               file=sys.stderr)
+    _unaccounted(result, sys.stderr)
     return EXIT_FAILED
+
+
+def _unaccounted(result: Any, out: Any) -> None:
+    if result.rows_unaccounted:
+        print(f"note: the tables of {', '.join(result.rows_unaccounted)} hold rows that no "
+              f"entry accounts for (added outside the store, or by a migration since the "
+              f"checkpoint)", file=out)
 
 
 def _verified_since(result: Any) -> str:
     if result.since_taken_at is None:
         return ""
-    return f" since the checkpoint of {result.since_taken_at:%Y-%m-%d %H:%M:%S} UTC"
+    old = ("" if result.since_rows != "named since" else
+           " (a checkpoint without row digests: only the rows named since it were looked "
+           "for)")
+    return f" since the checkpoint of {result.since_taken_at:%Y-%m-%d %H:%M:%S} UTC{old}"
 
 
 def _verified_anchor(result: Any) -> str:

@@ -15,6 +15,7 @@ SUITES: dict[str, str] = {"airflow": "agentpost.benchmarks.airflow",
                           "leases": "agentpost.benchmarks.leases",
                           "marks": "agentpost.benchmarks.marks",
                           "routes": "agentpost.benchmarks.routes",
+                          "since": "agentpost.benchmarks.since",
                           "spark": "agentpost.benchmarks.spark",
                           "ui": "agentpost.benchmarks.ui"}
 

@@ -9,19 +9,26 @@ elsewhere (a file, object storage, an Airflow XCom). Verifying against it finds 
 it names that is gone, shorter, or diverges (its entry at the anchored number is another
 one: the chain was rolled back and written again). Chains and entries added since are fine.
 
-The format, version 1, is one JSON object and stays stable (a Spark audit reads it too):
+The format, version 2, is one JSON object and stays stable (a Spark audit reads it too):
 
-    {"format": "agentpost.trail-checkpoint", "version": 1,
+    {"format": "agentpost.trail-checkpoint", "version": 2,
      "taken_at": "2025-01-31T12:00:00.123456Z",
      "chains": {"<chain>": {"seq": 17, "hash": "<64 lowercase hex digits>"}, ...},
+     "rows": {"<kind>": {"count": 120, "sum": "<16 lowercase hex digits>"}, ...},
      "mac": "<64 lowercase hex digits>"}
+
+`rows` holds a digest of each kind of row the trail names (`protocol.row_digest`: every kind
+of `protocol.named_rows.KINDS`, no other), taken in the heads' snapshot: with it, a
+verification since the checkpoint finds a row deleted whenever the trail named it. Version 1
+is the same without `rows` and is still read (a verification since it checks the rows the new
+entries name only, and says so).
 
 ``mac = HMAC-SHA256(trail key, canonical)``, where `canonical` is the object without "mac"
 written with sorted keys, no whitespace and everything outside ASCII escaped, i.e.
-``json.dumps(body, sort_keys=True, separators=(",", ":")).encode("ascii")``. (A trail
-entry's MAC signs a 32-byte hash; a canonical manifest is always longer, so neither can stand
-in for the other.) Anything else, an unknown field, another format or version, a bad value,
-is refused with InvalidAnchor.
+``json.dumps(body, sort_keys=True, separators=(",", ":")).encode("ascii")``, so it covers
+`rows` too. (A trail entry's MAC signs a 32-byte hash; a canonical manifest is always longer,
+so neither can stand in for the other.) Anything else, an unknown field, another format or
+version, a bad value, is refused with InvalidAnchor.
 """
 
 from __future__ import annotations
@@ -37,11 +44,16 @@ from typing import Any, NoReturn
 
 from agentpost.protocol.errors import InvalidAnchor
 from agentpost.protocol.models import ChainMismatch
+from agentpost.protocol.named_rows import KINDS
+from agentpost.protocol.row_digest import RowDigest, RowDigests
 
 FORMAT = "agentpost.trail-checkpoint"
-VERSION = 1
-_FIELDS = ("format", "version", "taken_at", "chains", "mac")
+#: the version written; version 1 (no `rows`) is still read
+VERSION = 2
+_FIELDS = {1: ("format", "version", "taken_at", "chains", "mac"),
+           2: ("format", "version", "taken_at", "chains", "rows", "mac")}
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX16 = re.compile(r"[0-9a-f]{16}")
 _MAX_CHAIN = 1000
 _MAX_SEQ = 1 << 62
 
@@ -57,49 +69,67 @@ class ChainHead:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A signed manifest of chain heads (the module docstring gives its format)."""
+    """A signed manifest of chain heads and, from version 2, of row digests in `KINDS`
+    order (the module docstring gives its format)."""
 
     taken_at: str
     heads: tuple[ChainHead, ...]
     mac: bytes
+    rows: tuple[tuple[str, RowDigest], ...] | None = None
 
     @classmethod
-    def sign(cls, key: bytes, taken_at: datetime, heads: Iterable[ChainHead]) -> Checkpoint:
-        """The checkpoint of `heads` at `taken_at`, signed with the trail key."""
+    def sign(cls, key: bytes, taken_at: datetime, heads: Iterable[ChainHead],
+             rows: RowDigests | None = None) -> Checkpoint:
+        """The checkpoint of `heads` (and `rows`, a digest of every kind: version 2; without
+        them, version 1) at `taken_at`, signed with the trail key."""
         stamp = taken_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        unsigned = cls(stamp, tuple(sorted(heads, key=lambda h: h.chain)), b"")
-        return cls(unsigned.taken_at, unsigned.heads, unsigned._mac(key))
+        ordered = None if rows is None else tuple((kind, rows[kind]) for kind in KINDS)
+        unsigned = cls(stamp, tuple(sorted(heads, key=lambda h: h.chain)), b"", ordered)
+        return cls(unsigned.taken_at, unsigned.heads, unsigned._mac(key), ordered)
 
     @classmethod
     def from_json(cls, data: str | bytes | Mapping[str, Any]) -> Checkpoint:
         """A checkpoint from its JSON text or dict, its structure checked (not its
         signature: see `load`). Raises InvalidAnchor."""
         obj = _object(data)
-        missing = [f for f in _FIELDS if f not in obj]
+        version = obj.get("version")
+        if type(version) is not int or version not in _FIELDS:
+            _refuse(f"only versions {', '.join(map(str, _FIELDS))} are understood")
+        fields = _FIELDS[version]
+        missing = [f for f in fields if f not in obj]
         if missing:
             _refuse(f"it has no {missing[0]!r}")
-        unknown = sorted(str(k)[:60] for k in obj if k not in _FIELDS)
+        unknown = sorted(str(k)[:60] for k in obj if k not in fields)
         if unknown:
-            _refuse(f"unknown field {unknown[0]!r}")
+            _refuse(f"unknown field {unknown[0]!r} (in version {version})")
         if obj["format"] != FORMAT:
             _refuse(f"its format is not {FORMAT!r}")
-        if type(obj["version"]) is not int or obj["version"] != VERSION:
-            _refuse(f"only version {VERSION} is understood")
         chains = obj["chains"]
         if not isinstance(chains, Mapping):
             _refuse("chains is not an object")
         heads = sorted((_head(chain, value) for chain, value in chains.items()),
                        key=lambda h: h.chain)
-        return cls(_taken_at(obj["taken_at"]), tuple(heads), _hex(obj["mac"], "mac"))
+        rows = None if version == 1 else _rows(obj["rows"])
+        return cls(_taken_at(obj["taken_at"]), tuple(heads), _hex(obj["mac"], "mac"), rows)
 
     @property
     def taken(self) -> datetime:
         return datetime.fromisoformat(self.taken_at)
 
+    @property
+    def row_digests(self) -> dict[str, RowDigest] | None:
+        """Every kind's row digest (None: a version 1 checkpoint, which has none)."""
+        return None if self.rows is None else dict(self.rows)
+
     def body(self) -> dict[str, Any]:
         """Everything the signature covers."""
-        return {"format": FORMAT, "version": VERSION, "taken_at": self.taken_at,
-                "chains": {h.chain: {"seq": h.seq, "hash": h.hash.hex()} for h in self.heads}}
+        body: dict[str, Any] = {
+            "format": FORMAT, "version": 1 if self.rows is None else VERSION,
+            "taken_at": self.taken_at,
+            "chains": {h.chain: {"seq": h.seq, "hash": h.hash.hex()} for h in self.heads}}
+        if self.rows is not None:
+            body["rows"] = {kind: digest.to_json() for kind, digest in self.rows}
+        return body
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest as plain JSON values (what an XCom holds)."""
@@ -208,6 +238,29 @@ def _hex(value: object, what: str) -> bytes:
     if not isinstance(value, str) or not _HEX64.fullmatch(value):
         _refuse(f"{what} is not 64 lowercase hex digits")
     return bytes.fromhex(value)
+
+
+def _rows(value: object) -> tuple[tuple[str, RowDigest], ...]:
+    if not isinstance(value, Mapping):
+        _refuse("rows is not an object")
+    unknown = sorted(str(k)[:60] for k in value if k not in KINDS)
+    if unknown:
+        _refuse(f"rows has an unknown kind {unknown[0]!r}")
+    missing = [kind for kind in KINDS if kind not in value]
+    if missing:
+        _refuse(f"rows has no {missing[0]!r}")
+    return tuple((kind, _digest(kind, value[kind])) for kind in KINDS)
+
+
+def _digest(kind: str, value: object) -> RowDigest:
+    if not isinstance(value, Mapping) or set(value) != {"count", "sum"}:
+        _refuse(f"the rows of {kind!r} are not {{\"count\": ..., \"sum\": ...}}")
+    count, total = value["count"], value["sum"]
+    if type(count) is not int or not 0 <= count < _MAX_SEQ:
+        _refuse(f"the row count of {kind!r} is not a whole number")
+    if not isinstance(total, str) or not _HEX16.fullmatch(total):
+        _refuse(f"the row sum of {kind!r} is not 16 lowercase hex digits")
+    return RowDigest(count, int(total, 16))
 
 
 def _head(chain: object, value: object) -> ChainHead:

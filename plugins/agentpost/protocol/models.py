@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
@@ -243,3 +243,11 @@ class TrailVerification(_Frozen):
     checkpoint: dict[str, Any] | None = None
     #: rows the trail names that are missing (the first MAX_NAMED_ROWS; each is a failure)
     missing_rows: tuple[MissingRow, ...] = ()
+    #: verified since a checkpoint, which rows were looked for: "all" (every row the trail
+    #: names, through the checkpoint's row digests) or "named since" (a version 1 checkpoint,
+    #: which has none: only the rows the entries since it name)
+    since_rows: Literal["all", "named since"] | None = None
+    #: verified since a checkpoint, the kinds whose table holds rows that neither the
+    #: checkpoint nor the entries since account for, beyond the missing ones (rows added
+    #: outside the store, or by a migration since): reported, not failures
+    rows_unaccounted: tuple[str, ...] = ()

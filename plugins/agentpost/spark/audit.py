@@ -56,15 +56,21 @@ MAX_FIRST = 1_000
 PENDING = "delivered_once.pending"
 _ROUTES = ("SELECT r.id, r.envelope_id, r.current, r.end_actor, r.phase "
            "FROM agentpost.routes r")
-#: the keys of the other rows the trail names (protocol/named_rows.py), as rows_exist takes
-#: them: (kind, key, sub), sub a saga step's name, else ''
+#: the kinds of rows the trail names whose tables the audit reads whole for other checks
+_READ_KINDS = (nr.ENVELOPE, nr.COMMAND, nr.ROUTE)
+#: the tables of the other rows the trail names (protocol/named_rows.py): (kind, key, sub,
+#: table), sub a saga step's name, else ''
+_OTHER_TABLES = (
+    (nr.SAGA, "id", "''", "sagas"), (nr.SAGA_STEP, "saga_id", "name", "saga_steps"),
+    (nr.RULE, "id", "''", "rules"), (nr.WORKSPACE, "id", "''", "workspaces"),
+    (nr.PORT_RIGHT, "id", "''", "port_rights"), (nr.ROLE, "name", "''", "roles"),
+    (nr.TYPE, "name", "''", "envelope_types"))
+#: every kind rows_exist looks for (a test holds it to protocol/named_rows.py's KINDS)
+PRESENT_KINDS = (*_READ_KINDS, *(kind for kind, *_ in _OTHER_TABLES))
+#: their keys, as rows_exist takes them: (kind, key, sub)
 _OTHER_ROWS = " UNION ALL ".join(
     f"SELECT '{kind}' AS kind, {key} AS key, {sub} AS sub FROM agentpost.{table}"
-    for kind, key, sub, table in (
-        (nr.SAGA, "id", "''", "sagas"), (nr.SAGA_STEP, "saga_id", "name", "saga_steps"),
-        (nr.RULE, "id", "''", "rules"), (nr.WORKSPACE, "id", "''", "workspaces"),
-        (nr.PORT_RIGHT, "id", "''", "port_rights"), (nr.ROLE, "name", "''", "roles"),
-        (nr.TYPE, "name", "''", "envelope_types")))
+    for kind, key, sub, table in _OTHER_TABLES)
 
 
 class CheckResult(BaseModel):
@@ -177,8 +183,7 @@ def _present(envelopes: DataFrame, commands: DataFrame, routes: DataFrame,
 
     keyed = [frame.select(F.lit(kind).alias("kind"), F.col("id").alias("key"),
                           F.lit("").alias("sub"))
-             for kind, frame in ((nr.ENVELOPE, envelopes), (nr.COMMAND, commands),
-                                 (nr.ROUTE, routes))]
+             for kind, frame in zip(_READ_KINDS, (envelopes, commands, routes), strict=True)]
     return _union([*keyed, others])
 
 

@@ -16,12 +16,13 @@ from agentpost.protocol.models import ChainMismatch
 from agentpost.protocol.trail import ChainCheck
 from agentpost.store.db import Database
 from agentpost.store.queries import QUERIES
+from agentpost.store.row_digests import table_digests
 
 
 def take_checkpoint(db: Database, key: bytes) -> Checkpoint:
-    """Every chain's head in one snapshot, signed with the trail key. It is returned only
-    after its transaction committed durably, which flushes every commit it saw to disk (see
-    the `checkpoint_start` query)."""
+    """Every chain's head and every kind's row digest in one snapshot, signed with the
+    trail key. It is returned only after its transaction committed durably, which flushes
+    every commit it saw to disk (see the `checkpoint_start` query)."""
     with db.cursor() as cur:
         cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         try:
@@ -29,9 +30,10 @@ def take_checkpoint(db: Database, key: bytes) -> Checkpoint:
             taken_at = cur.fetchone()[0]
             cur.execute(QUERIES["chain_heads"])
             heads = [ChainHead(chain, seq, bytes(digest)) for chain, seq, digest in cur]
+            rows = table_digests(cur, key)
         finally:
             cur.execute("COMMIT")
-    return Checkpoint.sign(key, taken_at, heads)
+    return Checkpoint.sign(key, taken_at, heads, rows)
 
 
 def check_anchor(cur: Any, check: ChainCheck, checkpoint: Checkpoint) -> dict[str, Any]:

@@ -440,14 +440,19 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
         what came after it. Each chain it names starts at its anchored head: that entry is
         re-read (hash, signature, columns) and must be the anchored one, and the next entry
         must link to it; a chain that is gone, shorter or diverges fails as with `anchor`;
-        chains created since are checked whole. The rows the new entries name must exist,
-        and the envelopes, commands and routes among them are compared. What `since` does
-        NOT check: entries strictly before a head (an edit there that leaves the head entry
-        intact is caught only by a full run, or was by the run that verified the checkpoint:
-        hence chain each run on the checkpoint the previous run verified, never on one taken
-        apart), and rows that no new entry names (a row edited or deleted in the table later; an
-        envelope whose every new entry was cut off with the end of its chain). `workers` > 1
-        shares the chains out among that many processes reading one exported snapshot.
+        chains created since are checked whole. Every row the trail names must exist,
+        whenever it was named (`since_rows` "all": the checkpoint's row digests, brought up
+        to date by the new entries, are compared with the tables; where one differs, every
+        row of its kind that the trail names is looked for); a checkpoint without row
+        digests (version 1) checks the rows the new entries name only (`since_rows` "named
+        since"). The envelopes, commands and routes the new entries name are compared with
+        them. What `since` does NOT check: entries strictly before a head (an edit there
+        that leaves the head entry intact is caught only by a full run, or was by the run
+        that verified the checkpoint: hence chain each run on the checkpoint the previous run
+        verified, never on one taken apart), rows that no new entry names edited in the
+        table, and an envelope whose every new entry was cut off with the end of its chain.
+        `workers` > 1 shares the chains out among that many processes reading one exported
+        snapshot.
 
         A malformed `anchor` or `since`, or one not signed with the trail key, raises
         InvalidAnchor before anything is read. A run that passes returns, as `checkpoint`,
@@ -475,7 +480,9 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
             failure=None if first is None else first[3],
             since_taken_at=None if start is None else start.taken,
             checkpoint=None if verified is None else verified.to_dict(),
-            missing_rows=tuple(out.missing[:MAX_NAMED_ROWS]), **fields)
+            missing_rows=tuple(out.missing[:MAX_NAMED_ROWS]),
+            since_rows=None if out.rows is None else out.rows.mode,
+            rows_unaccounted=tuple(out.unaccounted), **fields)
 
 
 def _checkpoint_text(value: Any) -> Any:

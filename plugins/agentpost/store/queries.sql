@@ -223,6 +223,103 @@ UNION ALL
 SELECT 'type', n.id, NULL FROM unnest(%(types)s::text[]) n(id)
  WHERE (SELECT x.name FROM agentpost.envelope_types x WHERE x.name = n.id) IS NULL
 
+-- name: row_digests
+-- Per kind of row the trail names (protocol/named_rows.py), the table's row count and the sum
+-- of each row's keyed hash (protocol/row_digest.py: the first 8 bytes of HMAC-SHA256 under the
+-- row key, given as its pads, as a signed bigint; the caller takes the sum modulo 2**64). One
+-- index-only scan of each table's key; a kind with no rows has no line.
+SELECT k.kind, count(*),
+       sum(('x' || encode(substr(sha256(%(opad)s || sha256(%(ipad)s || k.key)), 1, 8),
+                          'hex'))::bit(64)::bigint)
+  FROM (SELECT 'envelope' AS kind, convert_to(id, 'UTF8') AS key FROM agentpost.envelopes
+        UNION ALL SELECT 'command', convert_to(id, 'UTF8') FROM agentpost.commands
+        UNION ALL SELECT 'saga', convert_to(id, 'UTF8') FROM agentpost.sagas
+        UNION ALL SELECT 'saga step', convert_to(saga_id, 'UTF8') || '\x00'::bytea
+                                      || convert_to(name, 'UTF8') FROM agentpost.saga_steps
+        UNION ALL SELECT 'rule', convert_to(id, 'UTF8') FROM agentpost.rules
+        UNION ALL SELECT 'workspace', convert_to(id, 'UTF8') FROM agentpost.workspaces
+        UNION ALL SELECT 'route', convert_to(id, 'UTF8') FROM agentpost.routes
+        UNION ALL SELECT 'port right', convert_to(id, 'UTF8') FROM agentpost.port_rights
+        UNION ALL SELECT 'role', convert_to(name, 'UTF8') FROM agentpost.roles
+        UNION ALL SELECT 'type', convert_to(name, 'UTF8') FROM agentpost.envelope_types) k
+ GROUP BY k.kind
+
+-- name: route_entries
+-- The entries (chain, seq) of the `route_progress` events that name each route given by its
+-- id: the run since a checkpoint asks whether one lies before the checkpoint (the route
+-- existed then) or all after it (the route was created since). One probe of trail_route_rows
+-- (sql/0073) per route.
+SELECT n.id, t.chain, t.chain_seq
+  FROM unnest(%(routes)s::text[]) n(id)
+ CROSS JOIN LATERAL (SELECT t.chain, t.chain_seq FROM agentpost.trail t
+                      WHERE t.event = 'route_progress'
+                        AND (t.record::jsonb -> 'body' ->> 'id') = n.id) t
+
+-- name: registry_before
+-- For the rules and types given: the system chain's rule_defined / rule_removed /
+-- type_registered entries up to seq %(seq)s (a checkpoint's head of the chain), in order, and
+-- 'builtin' for each type a migration made (named by no entry). Whether each existed at the
+-- checkpoint follows. A range of the system chain (registry changes only), read only when
+-- entries since the checkpoint define a rule or a type.
+SELECT t.chain_seq, t.event, coalesce(b.body ->> 'id', b.body ->> 'type')
+  FROM agentpost.trail t
+ CROSS JOIN LATERAL (SELECT t.record::jsonb -> 'body' AS body) b
+ WHERE t.chain = 'system' AND t.chain_seq <= %(seq)s
+   AND ((t.event IN ('rule_defined', 'rule_removed')
+         AND b.body ->> 'id' = ANY (%(rules)s::text[]))
+        OR (t.event = 'type_registered' AND b.body ->> 'type' = ANY (%(types)s::text[])))
+UNION ALL
+SELECT 0, 'builtin', x.name FROM agentpost.envelope_types x
+ WHERE x.builtin AND x.name = ANY (%(types)s::text[])
+ ORDER BY 1
+
+-- name: envelopes_gone
+-- Every envelope an entry names (its envelope_id) that is gone, with the smallest chain of an
+-- entry naming it: the index trail_envelope read whole (index only) against the envelopes'
+-- key. Run when a verification since a checkpoint finds the envelopes' digest changed.
+SELECT n.id, (SELECT min(t.chain) FROM agentpost.trail t WHERE t.envelope_id = n.id)
+  FROM (SELECT DISTINCT t.envelope_id AS id FROM agentpost.trail t
+         WHERE t.envelope_id IS NOT NULL) n
+ WHERE NOT EXISTS (SELECT 1 FROM agentpost.envelopes e WHERE e.id = n.id)
+
+-- name: routes_gone
+-- Every route a `route_progress` entry names (its id; a family's root is named by its own
+-- entries too) that is gone, with the smallest chain naming it: trail_route_rows (sql/0073).
+SELECT n.id, n.chain
+  FROM (SELECT t.record::jsonb -> 'body' ->> 'id' AS id, min(t.chain) AS chain
+          FROM agentpost.trail t WHERE t.event = 'route_progress'
+         GROUP BY 1) n
+ WHERE NOT EXISTS (SELECT 1 FROM agentpost.routes r WHERE r.id = n.id)
+
+-- name: rights_gone
+-- Every port right a port_right_* entry names that is gone, with the smallest chain naming
+-- it: trail_right_rows (sql/0073).
+SELECT n.id, n.chain
+  FROM (SELECT t.record::jsonb -> 'body' ->> 'right_id' AS id, min(t.chain) AS chain
+          FROM agentpost.trail t
+         WHERE t.event IN ('port_right_created', 'port_right_transferred',
+                           'port_right_consumed', 'port_right_revoked')
+         GROUP BY 1) n
+ WHERE n.id IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM agentpost.port_rights r WHERE r.id = n.id)
+
+-- name: saga_steps_gone
+-- Every saga step an entry of a saga's chain names (its body's `step`) that is gone: a range
+-- of the (chain, chain_seq) index over the `saga:` chains, a key probe per entry.
+SELECT DISTINCT substr(t.chain, 6), b.body ->> 'step'
+  FROM agentpost.trail t
+ CROSS JOIN LATERAL (SELECT t.record::jsonb -> 'body' AS body) b
+ WHERE t.chain >= 'saga:' AND t.chain < 'saga;'
+   AND jsonb_typeof(b.body -> 'step') = 'string'
+   AND (SELECT x.position FROM agentpost.saga_steps x
+         WHERE x.saga_id = substr(t.chain, 6) AND x.name = b.body ->> 'step') IS NULL
+
+-- name: system_entries
+-- The system chain's entries of the events given (registry changes), for the rows their
+-- bodies name.
+SELECT t.chain, t.event, t.record FROM agentpost.trail t
+ WHERE t.chain = 'system' AND t.event = ANY (%(events)s::text[])
+
 
 -- name: send
 CALL agentpost.send(%(drafts)s, %(origin)s, %(user)s, %(timeout_ms)s, NULL)

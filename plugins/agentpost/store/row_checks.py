@@ -3,8 +3,8 @@ name must exist (a row deleted outright), and the envelope, command and route ro
 as their last entries signed them (a row edited in the table, or a chain's end cut off).
 
 A verification notes, as it reads the entries, the rows they name (`Touched`); the rows are
-then checked in its snapshot: all of them on a full run, or those the new entries name on a
-run since a checkpoint.
+then checked in its snapshot: all of them on a full run, or on a run since a checkpoint those
+the new entries name, and every row of a kind whose digest changed (store/row_digests.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentpost.protocol import named_rows as nr
+from agentpost.protocol.chains import SYSTEM_CHAIN
 from agentpost.protocol.models import MissingRow
-from agentpost.protocol.named_rows import KINDS, RowKey, body_rows, chain_row, label
+from agentpost.protocol.named_rows import (
+    KINDS,
+    RowKey,
+    body_rows,
+    born_rows,
+    chain_row,
+    label,
+    registry_change,
+)
 from agentpost.protocol.trail import ChainCheck, StoredEntry
 from agentpost.store.queries import QUERIES
 
@@ -32,11 +41,17 @@ _PARAMS = {nr.COMMAND: "commands", nr.SAGA: "sagas", nr.RULE: "rules",
 class Touched:
     """The rows that the entries checked name (`protocol.named_rows`): envelopes by id, the
     chains the entries are in (which name commands, sagas, rules, workspaces), and the rows
-    their bodies name; each with the chain of an entry naming it (the smallest name)."""
+    their bodies name; each with the chain of an entry naming it (the smallest name). With
+    `births`, also the rows they create (`born`) and the system chain's rule and type
+    events, by seq (`registry`): what a run since a checkpoint adds to its row digests (a
+    full run needs neither, and would hold a key per envelope for nothing)."""
 
     envelopes: dict[str, str] = field(default_factory=dict)
     chains: set[str] = field(default_factory=set)
     named: dict[tuple[str, RowKey], str] = field(default_factory=dict)
+    born: set[tuple[str, RowKey]] = field(default_factory=set)
+    registry: list[tuple[int, str, str, str]] = field(default_factory=list)
+    births: bool = False
 
     def note(self, e: StoredEntry) -> None:
         if e.envelope_id is not None:
@@ -44,11 +59,20 @@ class Touched:
         self.chains.add(e.chain)
         for row in body_rows(e.chain, e.event, e.record):
             self.named.setdefault(row, e.chain)
+        if not self.births:
+            return
+        self.born.update(born_rows(e.chain, e.seq, e.event, e.envelope_id, e.record))
+        if e.chain == SYSTEM_CHAIN:
+            change = registry_change(e.event, e.record)
+            if change is not None:
+                self.registry.append((e.seq, e.event, *change))
 
     def update(self, other: Touched) -> None:
         _merge(self.envelopes, other.envelopes)
         self.chains |= other.chains
         _merge(self.named, other.named)
+        self.born |= other.born
+        self.registry.extend(other.registry)
 
     def rows(self) -> dict[tuple[str, RowKey], str]:
         """Every (kind, key) named, but envelopes, with its chain."""
@@ -75,9 +99,11 @@ def _merge(into: dict[Any, str], other: dict[Any, str]) -> None:
 
 # -- rows that must exist -----------------------------------------------------------------
 
-def check_missing(cur: Any, check: ChainCheck, touched: Touched) -> list[MissingRow]:
+def check_missing(cur: Any, check: ChainCheck, touched: Touched
+                  ) -> tuple[list[MissingRow], list[tuple[str, RowKey]]]:
     """Every row `touched` names that is gone, as a failure of `check` (in the chain of an
-    entry naming it) and in the list returned, in the order of `KINDS` then id."""
+    entry naming it) and in the lists returned (as reported, and as (kind, key)), in the
+    order of `KINDS` then id."""
     rows = touched.rows()
     wanted = {kind: [] for kind in KINDS}
     wanted[nr.ENVELOPE] = sorted(touched.envelopes)
@@ -96,7 +122,7 @@ def check_missing(cur: Any, check: ChainCheck, touched: Touched) -> list[Missing
         check.gap(chain, f"{name} is named by the trail (chain {chain}) but its row is "
                          f"missing (deleted outside the store)")
         missing.append(MissingRow(kind=kind, id=_text(key), chain=chain))
-    return missing
+    return missing, found
 
 
 def _batches(wanted: dict[str, list[Any]]) -> Iterator[dict[str, list[str]]]:

@@ -9,9 +9,10 @@ With `workers` > 1 the spans are shared out by entry count among processes (the 
 CPU-bound Python and hold the GIL), each in a REPEATABLE READ transaction that imports the
 coordinator's exported snapshot, so every part sees the same trail. The rows under the
 trail are then checked in the coordinator's snapshot (store/row_checks.py): every row named
-by the entries read must exist, and the rows signed under the trail (sql/0017: envelopes,
-commands, routes) must be as signed: all of them, or since a checkpoint those that the new
-entries name.
+by the entries read must exist (since a checkpoint, every row named before it too, through
+its row digests: store/row_digests.py), and the rows signed under the trail (sql/0017:
+envelopes, commands, routes) must be as signed: all of them, or since a checkpoint those that
+the new entries name.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from agentpost.store.anchor import anchor_mismatches
 from agentpost.store.db import Database, one_line, translate
 from agentpost.store.queries import QUERIES
 from agentpost.store.row_checks import Touched, check_missing, check_rows
+from agentpost.store.row_digests import RowDigest, RowsSince, rows_since, table_digests
 
 #: a chain with more entries to read than this gets a cursor of its own (no sort at all)
 LONG_CHAIN = 20_000
@@ -78,10 +80,12 @@ def plan(cur: Any, since: Checkpoint | None, skip: set[str]) -> list[Span]:
     return spans
 
 
-def check_spans(cur: Any, key: bytes, spans: list[Span]) -> tuple[ChainCheck, Touched]:
+def check_spans(cur: Any, key: bytes, spans: list[Span], births: bool = False
+                ) -> tuple[ChainCheck, Touched]:
     """Check `spans` in the caller's snapshot: every entry's hash, signature, columns and
-    link, each anchored head against its checkpoint; and note the rows the entries name."""
-    check, touched = ChainCheck(key), Touched()
+    link, each anchored head against its checkpoint; and note the rows the entries name
+    (with `births`, and those they create)."""
+    check, touched = ChainCheck(key), Touched(births=births)
     for batch in _batches(spans):
         by_chain = {s.chain: s for s in batch}
         for e in _entries(cur, batch):
@@ -144,8 +148,8 @@ def share(spans: list[Span], workers: int) -> list[list[Span]]:
     return [sorted(p, key=lambda s: s.chain) for p in parts if p]
 
 
-def check_in_snapshot(dsn: str, key: bytes, snapshot: str,
-                      spans: list[Span]) -> tuple[ChainCheck, Touched]:
+def check_in_snapshot(dsn: str, key: bytes, snapshot: str, spans: list[Span],
+                      births: bool = False) -> tuple[ChainCheck, Touched]:
     """`check_spans` on a connection of its own, in the exported `snapshot` (a worker)."""
     try:
         conn = psycopg2.connect(dsn, application_name="agentpost-verify")
@@ -156,7 +160,7 @@ def check_in_snapshot(dsn: str, key: bytes, snapshot: str,
         with conn.cursor() as cur:
             cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot,))
-            result = check_spans(cur, key, spans)
+            result = check_spans(cur, key, spans, births)
             cur.execute("COMMIT")
             return result
     except psycopg2.Error as exc:
@@ -166,7 +170,7 @@ def check_in_snapshot(dsn: str, key: bytes, snapshot: str,
 
 
 def check_parallel(cur: Any, dsn: str, key: bytes, spans: list[Span], workers: int, *,
-                   threads: bool = False) -> tuple[ChainCheck, Touched]:
+                   threads: bool = False, births: bool = False) -> tuple[ChainCheck, Touched]:
     """`check_spans` shared out among `workers` processes (or threads: measured slower, the
     checks hold the GIL) in the snapshot of `cur`'s transaction, exported; it stays open
     until every worker is done."""
@@ -176,7 +180,7 @@ def check_parallel(cur: Any, dsn: str, key: bytes, spans: list[Span], workers: i
     run_part = check_in_snapshot if threads else _check_in_process
     check, touched = ChainCheck(key), Touched()
     with ThreadPoolExecutor(max_workers=len(parts)) as pool:
-        futures = [pool.submit(run_part, dsn, key, snapshot, p) for p in parts]
+        futures = [pool.submit(run_part, dsn, key, snapshot, p, births) for p in parts]
         for future in futures:
             part, seen = future.result()
             check.merge(part)
@@ -184,8 +188,8 @@ def check_parallel(cur: Any, dsn: str, key: bytes, spans: list[Span], workers: i
     return check, touched
 
 
-def _check_in_process(dsn: str, key: bytes, snapshot: str,
-                      spans: list[Span]) -> tuple[ChainCheck, Touched]:
+def _check_in_process(dsn: str, key: bytes, snapshot: str, spans: list[Span],
+                      births: bool) -> tuple[ChainCheck, Touched]:
     """`check_in_snapshot` in a new interpreter (`_worker_main`), its
     arguments and result pickled over pipes: unlike multiprocessing, it never re-imports
     the caller's main module, so a script or an Airflow task needs no `__main__` guard."""
@@ -194,7 +198,7 @@ def _check_in_process(dsn: str, key: bytes, snapshot: str,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     try:
-        out, err = proc.communicate(pickle.dumps((dsn, key, snapshot, spans)))
+        out, err = proc.communicate(pickle.dumps((dsn, key, snapshot, spans, births)))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -211,9 +215,9 @@ def _check_in_process(dsn: str, key: bytes, snapshot: str,
 def _worker_main() -> None:
     """A worker process: arguments pickled on stdin, ("ok", result) or ("error", a typed
     agentpost error) pickled on stdout."""
-    dsn, key, snapshot, spans = pickle.load(sys.stdin.buffer)
+    dsn, key, snapshot, spans, births = pickle.load(sys.stdin.buffer)
     try:
-        result: tuple[str, Any] = ("ok", check_in_snapshot(dsn, key, snapshot, spans))
+        result: tuple[str, Any] = ("ok", check_in_snapshot(dsn, key, snapshot, spans, births))
     except AgentpostError as exc:
         result = ("error", exc)
     sys.stdout.buffer.write(pickle.dumps(result))
@@ -241,18 +245,29 @@ def _run(cur: Any, dsn: str, key: bytes, since: Checkpoint | None,
     gaps = ChainCheck(key)
     behind = [] if since is None else anchor_mismatches(cur, gaps, since)
     spans = plan(cur, since, {m.chain for m in behind})
+    births = since is not None and since.rows is not None
     if workers > 1 and len(spans) > 1:
-        check, touched = check_parallel(cur, dsn, key, spans, workers)
+        check, touched = check_parallel(cur, dsn, key, spans, workers, births=births)
     else:
-        check, touched = check_spans(cur, key, spans)
+        check, touched = check_spans(cur, key, spans, births)
     check.merge(gaps)
-    missing = check_missing(cur, check, touched)
+    rows, look = None, touched
+    if since is not None:
+        chains = [s.chain for s in spans] + [m.chain for m in behind if m.seq > 0]
+        rows, look = rows_since(cur, key, since, touched, chains)
+    missing, gone = check_missing(cur, check, look)
     check_rows(cur, check, None if since is None else touched)
-    outcome = Outcome(check, taken_at, since, behind, missing=missing)
+    outcome = Outcome(check, taken_at, since, behind, missing=missing, rows=rows)
+    if rows is not None:
+        outcome.unaccounted = rows.unaccounted(gone, key)
     if anchor is not None:
         from agentpost.store.anchor import check_anchor
 
         outcome.anchored = check_anchor(cur, check, anchor)
+    if since is None and not check.failures:
+        outcome.digests = table_digests(cur, key)
+    elif rows is not None:
+        outcome.digests = rows.table
     return outcome
 
 
@@ -266,10 +281,18 @@ class Outcome:
     since_mismatches: list[ChainMismatch] = field(default_factory=list)
     missing: list[MissingRow] = field(default_factory=list)
     anchored: dict[str, Any] = field(default_factory=dict)
+    #: since a checkpoint: what was checked of the rows named before it
+    rows: RowsSince | None = None
+    #: kinds whose table holds rows the trail does not account for (not failures)
+    unaccounted: list[str] = field(default_factory=list)
+    #: the tables' row digests, when this run vouches for them: a full run, or one since a
+    #: checkpoint that has them (one without them checked no row named before it)
+    digests: dict[str, RowDigest] | None = None
 
     def verified_checkpoint(self) -> Checkpoint | None:
-        """The signed heads this run verified (None if it failed): the `since` of the next."""
+        """The signed heads (and row digests) this run verified (None if it failed): the
+        `since` of the next."""
         if self.check.failures:
             return None
         heads = [ChainHead(c, seq, digest) for c, (seq, digest) in self.check.heads().items()]
-        return Checkpoint.sign(self.check.key, self.taken_at, heads)
+        return Checkpoint.sign(self.check.key, self.taken_at, heads, self.digests)
