@@ -10,6 +10,7 @@ import queue
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -263,3 +264,43 @@ def test_a_replayed_person_recovery_lands_on_the_same_command(store: EnvelopeSto
     assert events == ["state_change"] * 3
     with pytest.raises(Conflict, match="was used for command"):
         recover_as_person(ledger, cid, "compensate", "highway:retry/once", "ann")
+
+
+def _submit_compensation(ledger: CommandLedger, cid: str, ws: str, key: str) -> dict[str, Any]:
+    """command_submit of a compensation, without advancing it."""
+    return ledger.db.scalar(
+        "SELECT agentpost.command_submit(%s, %s, %s, 'compensate', %s, true, 'saga', 'book',"
+        " %s, '{}'::jsonb, '{}'::jsonb, false, 30000)",
+        (str(uuid.uuid4()), ws, key, cid, ws))
+
+
+def test_a_recovery_replayed_while_its_first_submission_commits_is_a_duplicate(
+        store: EnvelopeStore, ledger: CommandLedger, dsn: str, ws: str) -> None:
+    """The same recovery (one idempotency key: saga resumers racing on one step) submitted
+    while its first submission holds the target's lock: the replay waits, then answers with
+    the first's command as a duplicate, not a Conflict with it (sql/0077); a recovery under
+    another key is still refused."""
+    cid = _run(ledger, ws, "booked").command_id
+    answers: queue.Queue[Any] = queue.Queue()
+
+    def replay() -> None:
+        with CommandLedger(dsn) as other:
+            try:
+                answers.put(("ok", _submit_compensation(other, cid, ws, "undo")))
+            except Conflict as exc:
+                answers.put(("conflict", str(exc)))
+
+    with CommandLedger(dsn) as first, first.db.transaction():
+        created = _submit_compensation(first, cid, ws, "undo")
+        waiter = threading.Thread(target=replay)
+        waiter.start()
+        time.sleep(0.5)  # the replay is now waiting for the target's row lock
+        assert waiter.is_alive() and answers.empty()
+    waiter.join(timeout=60)
+    answer = answers.get(timeout=1)
+    assert answer[0] == "ok", answer
+    assert answer[1]["status"] == "duplicate"
+    assert answer[1]["view"]["command_id"] == created["view"]["command_id"]
+    assert [r.command_id for r in ledger.recoveries(cid)] == [created["view"]["command_id"]]
+    with pytest.raises(Conflict, match="already has a recovery standing"):
+        ledger.compensate(cid, "another", lambda: None, auto_confirm="saga")
