@@ -13,7 +13,7 @@ STAMP := $(VENV)/.agentpost-installed
 # Airflow processes (dag.test runs, standalone's components, the airflow CLI).
 UV_INSTALL := $(BIN)/uv pip install --compile-bytecode --python $(BIN)/python
 
-.PHONY: venv test lint demo demo-headless bench constraints
+.PHONY: venv test lint schema demo demo-headless bench constraints
 
 venv: $(STAMP)
 
@@ -45,6 +45,12 @@ test: venv
 
 lint: venv
 	$(BIN)/ruff check .
+
+# sql/schema.sql, the schema all the migrations add up to, dumped from a scratch database on
+# the discovered Postgres: run it after adding a migration (tests/test_schema_sql.py fails
+# until the file matches).
+schema: venv
+	$(BIN)/python -m agentpost.store.schema_dump --sql-dir sql
 
 # The example DAGs on airflow standalone until Ctrl-C (which stops everything it started).
 demo: venv
