@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agentpost import cli
-from agentpost.routes_cli import register
+from agentpost.cli.routes import register
 from agentpost.store import EnvelopeStore
 from agentpost.store.routes import RouteStore
 

@@ -12,7 +12,7 @@ from uuid import UUID
 
 import pytest
 
-from agentpost.commands_cli import register
+from agentpost.cli.commands import register
 from agentpost.marks import (
     Action,
     Agent,

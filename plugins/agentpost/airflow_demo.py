@@ -64,7 +64,9 @@ from agentpost.demo_store import (
     publish,
     withdraw,
 )
-from agentpost.protocol.errors import InvalidInput
+from agentpost.fleet import apply as apply_fleet
+from agentpost.fleet import describe, load_fleet
+from agentpost.protocol.errors import AgentpostError, InvalidInput, one_line
 from agentpost.store import CommandLedger, EnvelopeStore
 from agentpost.store.bootstrap import create_database, find_server
 from agentpost.store.migrations import migrate
@@ -83,12 +85,18 @@ QUIET = 10.0
 
 
 def apply_demo_fleet(dsn: str, dags_folder: Path) -> None:
-    """Apply the DAGs folder's fleet file through `agentpost fleet apply FILE` itself (it
-    prints what it changed); idempotent. The file declares every example's topology."""
-    from agentpost.cli import main
-
-    if main(["--dsn", dsn, "fleet", "apply", str(dags_folder / FLEET_FILE)]) != 0:
-        raise SystemExit(f"agentpost demo: applying {dags_folder / FLEET_FILE} failed")
+    """Apply the DAGs folder's fleet file as `agentpost fleet apply FILE` does, printing what
+    it changed and an error in the CLI's one line; idempotent. The file declares every
+    example's topology."""
+    path = dags_folder / FLEET_FILE
+    try:
+        fleet = load_fleet(str(path))
+        with EnvelopeStore(dsn) as store:
+            result = apply_fleet(store, fleet)
+    except AgentpostError as exc:
+        print(f"agentpost: {one_line(exc)}", file=sys.stderr)
+        raise SystemExit(f"agentpost demo: applying {path} failed") from None
+    print(describe(result, applied=True))
 
 
 class DemoPerson:

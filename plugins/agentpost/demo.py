@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 
-from agentpost.cli import format_trail_event
 from agentpost.demo_store import TERMINAL_DATABASE, demo_trail_key
+from agentpost.protocol.trail import format_trail_event
 from agentpost.store import EnvelopeStore
 from agentpost.store.bootstrap import create_database, find_server
 from agentpost.store.migrations import migrate

@@ -66,3 +66,9 @@ class RouteRewrite(InvalidRoute):
 
 class RouteEnded(Conflict):
     """The envelope is at an end actor: end actors never advance it."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's message on one line (its lines joined by "; "), as the CLI and the demos
+    print it: a multi-line message (a fleet file's problems) stays one line of stderr."""
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())

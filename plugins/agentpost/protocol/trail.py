@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 GENESIS = bytes(32)
 _BLOCK = 64
@@ -140,3 +141,12 @@ class ChainCheck:
             return None
         real = [f for f in self.failures if f[0] >= 0]
         return min(real) if real else self.failures[0]
+
+
+def format_trail_event(e: Any) -> str:
+    """A trail entry (`TrailEvent`) on one line: id, chain:seq, event, envelope, body. The
+    CLI's `agentpost trail` and the terminal demo print it alike."""
+    body = {k: v for k, v in e.body.items() if v is not None and k != "envelope_id"}
+    ref = f" {e.envelope_id[:8]}" if e.envelope_id else ""
+    where = f"{e.chain}:{e.seq}"
+    return f"#{e.id:<5} {where:<16} {e.event:<24}{ref} {json.dumps(body, default=str)}"

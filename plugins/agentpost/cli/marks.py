@@ -11,32 +11,31 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from agentpost.cli.common import print_json, store_dsn
 from agentpost.protocol.errors import NotFound
 
 
 def _space(args: argparse.Namespace) -> Any:
-    from agentpost import cli
+    """The durable mark space named by --space, in the command's store."""
     from agentpost.marks.postgres import PostgresMarkSpace
 
-    return PostgresMarkSpace(dsn=cli.store_dsn(args), space=args.space)
+    return PostgresMarkSpace(dsn=store_dsn(args), space=args.space)
 
 
 def cmd_mark_key(args: argparse.Namespace) -> int:
-    from agentpost import cli
-
     space = _space(args)
     try:
         record = space.key_record(args.key)
         if record is None:
             raise NotFound(f"no key {args.key!r} in mark space {args.space!r}")
         if args.action == "show":
-            cli._print_json(record.model_dump(mode="json"))
+            print_json(record.model_dump(mode="json"))
             return 0
         if record.settled:
             raise NotFound(f"key {args.key!r} is settled (its outcome is recorded): "
                            "nothing to release")
         space.release_key(args.key)
-        cli._print_json({"key": args.key, "space": args.space, "released": True})
+        print_json({"key": args.key, "space": args.space, "released": True})
         return 0
     finally:
         space.close()

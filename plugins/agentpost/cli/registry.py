@@ -1,8 +1,7 @@
 """The `agentpost role` and `agentpost type` commands: define roles and register envelope
 types with their rows of the permission matrix ("WACP: Envelope" §2) from a shell, and list
 both. Defining or registering again what already exists changes nothing (``created: false``,
-``rows_added: 0``); a contradicting definition is refused (exit 2). Registered by
-agentpost.cli."""
+``rows_added: 0``); a contradicting definition is refused (exit 2)."""
 
 from __future__ import annotations
 
@@ -10,14 +9,9 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from agentpost.cli.common import open_store, print_json
 from agentpost.protocol.errors import InvalidInput
 from agentpost.protocol.registry import EnvelopeType, Role
-
-
-def _cli() -> Any:
-    from agentpost import cli
-
-    return cli
 
 
 def names(text: str, what: str) -> list[str]:
@@ -31,7 +25,7 @@ def names(text: str, what: str) -> list[str]:
 def _listing(args: argparse.Namespace, items: list[Any], line: Callable[[Any], str]) -> int:
     """Print `items` as JSON (--json) or one tab-separated line each."""
     if args.json:
-        _cli()._print_json([item.model_dump(mode="json") for item in items])
+        print_json([item.model_dump(mode="json") for item in items])
     else:
         for item in items:
             print(line(item))
@@ -50,20 +44,18 @@ def _type_line(t: EnvelopeType) -> str:
 
 
 def cmd_role(args: argparse.Namespace) -> int:
-    cli = _cli()
-    with cli._store(args) as store:
+    with open_store(args) as store:
         if args.action == "define":
-            cli._print_json(store.define_role(args.name, inherits=args.inherits))
+            print_json(store.define_role(args.name, inherits=args.inherits))
             return 0
         roles = store.roles()
     return _listing(args, roles, _role_line)
 
 
 def cmd_type(args: argparse.Namespace) -> int:
-    cli = _cli()
-    with cli._store(args) as store:
+    with open_store(args) as store:
         if args.action == "register":
-            cli._print_json(store.register_type(
+            print_json(store.register_type(
                 args.name, names(args.senders, "--senders"),
                 names(args.receivers, "--receivers"),
                 required_fields=names(args.required_fields, "--required-fields")))

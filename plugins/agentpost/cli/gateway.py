@@ -5,9 +5,8 @@
     agentpost token list [--json]
     agentpost token revoke ID
 
-`token create` prints the secret once (it is stored only as a hash). Errors follow the main
-CLI's conventions (agentpost.cli): one line on stderr, exit 2 for bad input, 3 for the store.
-FastAPI and uvicorn are imported only when the gateway runs.
+`token create` prints the secret once (it is stored only as a hash). The gateway itself is
+`agentpost.gateway`; FastAPI and uvicorn are imported only when it runs.
 """
 
 from __future__ import annotations
@@ -17,14 +16,10 @@ import json
 import sys
 from typing import Any
 
+from agentpost.cli.common import open_store
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
-
-
-def _store(args: argparse.Namespace) -> Any:
-    from agentpost.cli import _store as store_of  # the main CLI's store discovery
-
-    return store_of(args)
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
@@ -37,7 +32,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     if args.no_auth and not is_loopback(args.host):
         print("agentpost: warning: --no-auth serves requests without a token only from "
               "loopback addresses; others still need one", file=sys.stderr)
-    with _store(args) as store:
+    with open_store(args) as store:
         TokenStore(store).check()
         app = create_app(store, require_tokens=not args.no_auth)
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
@@ -47,7 +42,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 def cmd_token(args: argparse.Namespace) -> int:
     from agentpost.gateway.tokens import TokenStore
 
-    with _store(args) as store:
+    with open_store(args) as store:
         tokens = TokenStore(store)
         if args.action == "create":
             info, secret = tokens.create(args.name, args.scope, rate=args.rate, burst=args.burst)

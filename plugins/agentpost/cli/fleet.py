@@ -1,11 +1,13 @@
 """The `agentpost fleet` commands: ``apply FILE [--dry-run]`` makes the store hold a fleet
 file (docs/fleet.md), ``show FILE`` validates one and prints what it declares, without a
-store. Registered by agentpost.cli through `register`."""
+store. The fleet modules (YAML, the store) load only when a command runs."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
+
+from agentpost.cli.common import open_store
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
@@ -15,9 +17,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     if args.action == "show":
         print(show(fleet))
         return 0
-    from agentpost import cli
-
-    with cli._store(args) as store:
+    with open_store(args) as store:
         result = apply(store, fleet, dry_run=args.dry_run)
     print(describe(result, applied=not args.dry_run))
     return 0

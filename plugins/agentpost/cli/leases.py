@@ -1,37 +1,27 @@
-"""The `agentpost` commands that consume inboxes and manage on-insert rules:
-``lease``, ``ack``, ``nack``, ``expire``, ``maintain``, ``dead-letters``, ``stats``, ``latest`` and
-``rule add|list|remove|enable|disable``. Registered by agentpost.cli."""
+"""The `agentpost` commands that consume inboxes the Courier way: ``lease``, ``ack``,
+``nack``, ``expire``, ``maintain``, ``dead-letters``, ``stats`` and ``latest``."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import Any
 
+from agentpost.cli.common import open_store, print_json
 from agentpost.protocol.errors import InvalidInput
 
 
-def _cli() -> Any:
-    from agentpost import cli
-
-    return cli
-
-
 def cmd_lease(args: argparse.Namespace) -> int:
-    cli = _cli()
-    with cli._store(args) as store:
+    with open_store(args) as store:
         leases = store.lease(args.workspace, max=args.max, ttl=args.ttl, holder=args.holder)
-    cli._print_json([{"token": lease.token, "attempt": lease.attempt,
-                      "expires_at": lease.expires_at.isoformat(),
-                      "envelope": lease.envelope.model_dump(mode="json", by_alias=True)}
-                     for lease in leases])
+    print_json([{"token": lease.token, "attempt": lease.attempt,
+                 "expires_at": lease.expires_at.isoformat(),
+                 "envelope": lease.envelope.model_dump(mode="json", by_alias=True)}
+                for lease in leases])
     return 0
 
 
 def cmd_ack(args: argparse.Namespace) -> int:
-    cli = _cli()
-    with cli._store(args) as store:
+    with open_store(args) as store:
         if args.command == "ack":
             print(f"acknowledged {store.ack_many(args.tokens)}")
         else:
@@ -42,9 +32,8 @@ def cmd_ack(args: argparse.Namespace) -> int:
 
 
 def cmd_expire(args: argparse.Namespace) -> int:
-    cli = _cli()
-    with cli._store(args) as store:
-        cli._print_json(store.expire_leases())
+    with open_store(args) as store:
+        print_json(store.expire_leases())
     return 0
 
 
@@ -54,68 +43,31 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     idle = None if args.drop_watchers_idle is None else args.drop_watchers_idle * 86400
     if idle is not None and not idle > 0:
         raise InvalidInput("--drop-watchers-idle must be a positive number of days")
-    cli = _cli()
-    with cli._store(args) as store:
-        cli._print_json(maintain(store, vacuum=not args.no_vacuum, drop_watchers_idle=idle))
+    with open_store(args) as store:
+        print_json(maintain(store, vacuum=not args.no_vacuum, drop_watchers_idle=idle))
     return 0
 
 
 def cmd_dead_letters(args: argparse.Namespace) -> int:
-    cli = _cli()
-    with cli._store(args) as store:
+    with open_store(args) as store:
         envelopes = store.dead_letters(args.workspace, limit=args.limit)
-    cli._print_json([e.model_dump(mode="json", by_alias=True) for e in envelopes])
+    print_json([e.model_dump(mode="json", by_alias=True) for e in envelopes])
     return 0
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    cli = _cli()
-    with cli._store(args) as store:
+    with open_store(args) as store:
         stats = ([store.stats(args.workspace)] if args.workspace else store.stats_all())
-    cli._print_json([s.model_dump(mode="json") for s in stats])
+    print_json([s.model_dump(mode="json") for s in stats])
     return 0
 
 
 def cmd_latest(args: argparse.Namespace) -> int:
     from agentpost.protocol.leases import to_courier
 
-    cli = _cli()
-    with cli._store(args) as store:
+    with open_store(args) as store:
         latest = store.latest_per_agent()
-    cli._print_json({stream: to_courier(env) for stream, env in latest.items()})
-    return 0
-
-
-def _read_rule(source: str) -> Any:
-    text = sys.stdin.read() if source == "-" else _read_file(source)
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise InvalidInput(f"the rule is not valid JSON: {exc}") from None
-
-
-def _read_file(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except OSError as exc:
-        raise InvalidInput(f"cannot read {path}: {exc.strerror}") from None
-
-
-def cmd_rule(args: argparse.Namespace) -> int:
-    cli = _cli()
-    with cli._store(args) as store:
-        if args.action == "add":
-            rule = store.add_rule(_read_rule(args.source), replace=args.replace)
-            cli._print_json(rule.model_dump(mode="json", by_alias=True))
-        elif args.action == "list":
-            cli._print_json([r.model_dump(mode="json", by_alias=True) for r in store.rules()])
-        elif args.action == "remove":
-            store.remove_rule(args.id)
-            print(f"removed {args.id}")
-        else:
-            rule = store.enable_rule(args.id, args.action == "enable")
-            print(f"{rule.id}\t{'enabled' if rule.enabled else 'disabled'}")
+    print_json({stream: to_courier(env) for stream, env in latest.items()})
     return 0
 
 
@@ -154,13 +106,3 @@ def register(sub: Any) -> None:
     stats.add_argument("workspace", nargs="?")
     stats.set_defaults(func=cmd_stats)
     sub.add_parser("latest", help="the latestPerAgent view").set_defaults(func=cmd_latest)
-
-    rule = sub.add_parser("rule", help="manage on-insert rules")
-    rule_sub = rule.add_subparsers(dest="action", required=True)
-    add = rule_sub.add_parser("add", help="add a rule from a JSON file (- for stdin)")
-    add.add_argument("source")
-    add.add_argument("--replace", action="store_true")
-    rule_sub.add_parser("list")
-    for action in ("remove", "enable", "disable"):
-        rule_sub.add_parser(action).add_argument("id")
-    rule.set_defaults(func=cmd_rule)

@@ -1,54 +1,41 @@
 """The `agentpost command` commands: ``submit``, ``view``, ``confirm``, ``decline``,
 ``evidence`` and ``sweep`` for SMCL commands. A person confirms or declines through the human
 highway (a ``command.confirmation`` envelope injected as ``human:<user>``), so the decision is
-recorded with who made it. Registered by agentpost.cli."""
+recorded with who made it."""
 
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from agentpost.cli.common import open_store, parse_json, print_json
 from agentpost.protocol.commands import CommandView, Decision
-from agentpost.protocol.errors import InvalidInput
-
-
-def _cli() -> Any:
-    from agentpost import cli
-
-    return cli
 
 
 @contextmanager
 def _ledger(args: argparse.Namespace) -> Iterator[Any]:
+    """The command ledger over the command's store (the store module loads only here)."""
     from agentpost.store.commands import CommandLedger
 
-    with _cli()._store(args) as store, CommandLedger(store) as ledger:
+    with open_store(args) as store, CommandLedger(store) as ledger:
         yield ledger
 
 
 def _print_view(view: CommandView, ledger: Any) -> None:
+    """A command's report, its arguments redacted as the ledger redacts them everywhere."""
     report = view.report()
     report["args"] = ledger.redaction.redact(view.args)
-    _cli()._print_json(report)
-
-
-def _json_arg(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise InvalidInput(f"--args is not valid JSON: {exc}") from None
+    print_json(report)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
+        command_args = None if args.args is None else parse_json(args.args, "--args")
         view = ledger.submit(args.workspace, args.key, action=args.action,
                              mutating=args.mutating, auto_confirm=args.auto_confirm,
-                             executor=args.executor, args=_json_arg(args.args))
+                             executor=args.executor, args=command_args)
         if view.mutating and view.auto_confirm is None and view.state.value == "canonicalized":
             view = ledger.request_confirmation(view.command_id)
         _print_view(view, ledger)
@@ -72,7 +59,7 @@ def cmd_evidence(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
         events = ledger.evidence(args.command_id)
     if args.json:
-        _cli()._print_json([e.model_dump(mode="json") for e in events])
+        print_json([e.model_dump(mode="json") for e in events])
         return 0
     for e in events:
         life = e.body["lifecycle"]
@@ -85,7 +72,7 @@ def cmd_evidence(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
-        _cli()._print_json(ledger.sweep_stuck(limit=args.limit))
+        print_json(ledger.sweep_stuck(limit=args.limit))
     return 0
 
 
