@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from agentpost.pg.db import Database
 from agentpost.protocol.commands import (
     CONFIRMATION_TYPE,
     CommandKind,
@@ -37,7 +38,6 @@ from agentpost.protocol.models import TrailEvent
 from agentpost.store.checks import name as _name
 from agentpost.store.checks import ref as _ref
 from agentpost.store.checks import text as _text
-from agentpost.store.db import Database
 from agentpost.store.envelopes import EnvelopeStore
 
 _MAX_JSON = 16_384
