@@ -50,7 +50,7 @@ lint: venv
 # the discovered Postgres: run it after adding a migration (tests/test_schema_sql.py fails
 # until the file matches).
 schema: venv
-	$(BIN)/python -m agentpost.store.schema_dump --sql-dir sql
+	$(BIN)/python -m agentpost.pg.schema_dump --sql-dir sql
 
 # The example DAGs on airflow standalone until Ctrl-C (which stops everything it started).
 demo: venv

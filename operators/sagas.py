@@ -110,6 +110,8 @@ class _SagaTask(WaitsForCommands, StoreOperator):
     def runner(self) -> Iterator[SagaRunner]:
         """A SagaRunner over the store's ledger (and the marks space, if named)."""
         with self.store() as store, CommandLedger(store) as ledger:
+            from agentpost.smcl import SagaRunner as MarkSpaceSagaRunner  # adapts the space
+
             space = None
             if self.marks_space is not None:
                 from agentpost.marks import PostgresMarkSpace
@@ -117,8 +119,8 @@ class _SagaTask(WaitsForCommands, StoreOperator):
                 space = PostgresMarkSpace(dsn=AgentpostHook(self.agentpost_conn_id).get_dsn(),
                                           space=self.marks_space)
             try:
-                yield SagaRunner(ledger, self.handlers, space=space, attempts=self.attempts,
-                                 backoff=self.backoff)
+                yield MarkSpaceSagaRunner(ledger, self.handlers, space=space,
+                                          attempts=self.attempts, backoff=self.backoff)
             finally:
                 if space is not None:
                     space.close()

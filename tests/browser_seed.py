@@ -15,13 +15,13 @@ from typing import Any
 
 import psycopg2
 
+from agentpost.fleet.changes import apply
+from agentpost.fleet.model import load_fleet
 from agentpost.marks import Agent, Guard, MarkType, Need, Observation
 from agentpost.marks.guard import SYSTEM_AGENT_ID, SYSTEM_AGENT_NAME
 from agentpost.marks.postgres import PostgresMarkSpace
-from agentpost.protocol.fleet import load_fleet
 from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
-from agentpost.store.fleet import apply
 from agentpost.store.sagas import SagaAborted, SagaRunner
 
 FLEET = Path(__file__).resolve().parents[1] / "dags" / "fleet.yaml"

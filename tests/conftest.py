@@ -33,9 +33,9 @@ import pytest
 from hypothesis import settings
 from psycopg2 import sql
 
+from agentpost.pg.migrations import migrate
+from agentpost.pg.server import PostgresServer, discover, dsn_for_database, libpq_dsn
 from agentpost.store import EnvelopeStore
-from agentpost.store.migrations import migrate
-from agentpost.store.server import PostgresServer, discover, dsn_for_database, libpq_dsn
 from dbtools import connect
 
 # Airflow reads its configuration once, at first import: tests that import it get a throwaway

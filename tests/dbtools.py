@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg2
 
-from agentpost.store.server import libpq_dsn
+from agentpost.pg.server import libpq_dsn
 
 
 def connect(dsn: str, application_name: str = "agentpost-tests") -> Any:

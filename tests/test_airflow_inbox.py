@@ -45,9 +45,9 @@ from psycopg2.extensions import parse_dsn
 
 from agentpost.hooks import AgentpostHook
 from agentpost.operators import InboxSensor
+from agentpost.pg.server import libpq_dsn
 from agentpost.protocol.errors import ConfigurationError, InvalidInput, StoreUnavailable
 from agentpost.store import EnvelopeStore
-from agentpost.store.server import libpq_dsn
 from agentpost.triggers import InboxTrigger, StoreTrigger, available
 from agentpost.triggers import inbox as triggers
 from dbtools import connect, rows

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from psycopg2.extensions import parse_dsn
 
-from agentpost.store.server import PostgresServer, libpq_dsn
+from agentpost.pg.server import PostgresServer, libpq_dsn
 from conftest import fresh_database
 from dbtools import query
 

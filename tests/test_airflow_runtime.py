@@ -39,9 +39,9 @@ from agentpost.airflow_runtime import (
 )
 from agentpost.demo_scenarios import EVENT_DRIVEN, Outcome
 from agentpost.demo_store import running_demo_store
+from agentpost.pg.server import libpq_dsn, redact_dsn
 from agentpost.spark.audit import AuditReport
 from agentpost.store import CommandLedger, EnvelopeStore
-from agentpost.store.server import libpq_dsn, redact_dsn
 from dbtools import query
 
 ROOT = Path(__file__).resolve().parent.parent

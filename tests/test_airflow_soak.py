@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from agentpost.benchmarks.airflow_soak import soak
-from agentpost.store.server import PostgresServer
+from agentpost.pg.server import PostgresServer
 
 
 @pytest.mark.slow

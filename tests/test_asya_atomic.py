@@ -19,11 +19,11 @@ from typing import Any
 import psycopg2
 import pytest
 
+from agentpost.pg.server import libpq_dsn
 from agentpost.protocol.errors import AgentpostError, Conflict, LeaseLost
 from agentpost.protocol.routes import ERROR_END, HAPPY_END, RouteStatus
 from agentpost.store import EnvelopeStore
 from agentpost.store.routes import ENVELOPE_TYPE, RouteStore
-from agentpost.store.server import libpq_dsn
 from dbtools import connect
 from dbtools import rows as _rows
 

@@ -20,11 +20,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentpost.pg.server import PostgresServer
 from agentpost.protocol.errors import AgentpostError, Conflict, LeaseLost
 from agentpost.protocol.routes import HAPPY_END, RouteStatus
 from agentpost.store import EnvelopeStore
 from agentpost.store.routes import Hop, RouteStore
-from agentpost.store.server import PostgresServer
 from conftest import create_database, drop_database, unique_db_name
 from dbtools import query
 

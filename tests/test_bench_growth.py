@@ -13,8 +13,8 @@ import pytest
 
 from agentpost.benchmarks.growth import MISSING, RATES
 from agentpost.cli import main
+from agentpost.pg.server import dsn_for_database, libpq_dsn
 from agentpost.store import EnvelopeStore
-from agentpost.store.server import dsn_for_database, libpq_dsn
 
 SIZES = ("1,000", "10,000")
 GOALS = (

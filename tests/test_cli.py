@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from agentpost.store.server import libpq_dsn
+from agentpost.pg.server import libpq_dsn
 
 SCRIPT = Path(sys.executable).parent / "agentpost"
 UNREACHABLE = "postgresql://nobody@127.0.0.1:1/x"

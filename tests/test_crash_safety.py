@@ -23,10 +23,10 @@ from typing import Any
 import psycopg2
 import pytest
 
+from agentpost.pg.server import libpq_dsn
 from agentpost.protocol.errors import AgentpostError
 from agentpost.protocol.models import Status
 from agentpost.store import EnvelopeStore
-from agentpost.store.server import libpq_dsn
 from dbtools import connect
 from dbtools import rows as _rows
 

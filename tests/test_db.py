@@ -12,9 +12,9 @@ import psycopg2.extensions
 import pytest
 from sqlalchemy.exc import SQLAlchemyError
 
+from agentpost.pg.db import Database
+from agentpost.pg.server import libpq_dsn
 from agentpost.protocol.errors import AgentpostError, InvalidInput, StoreError
-from agentpost.store.db import Database
-from agentpost.store.server import libpq_dsn
 
 
 @pytest.fixture

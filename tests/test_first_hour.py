@@ -26,10 +26,10 @@ from agentpost.demo_store import (
     running_demo_store,
     withdraw,
 )
+from agentpost.pg.bootstrap import create_database
+from agentpost.pg.server import PostgresServer, libpq_dsn, redact_dsn
 from agentpost.protocol.errors import Conflict
 from agentpost.store import EnvelopeStore
-from agentpost.store.bootstrap import create_database
-from agentpost.store.server import PostgresServer, libpq_dsn, redact_dsn
 from conftest import drop_database, unique_db_name
 from dbtools import query
 

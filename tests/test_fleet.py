@@ -37,10 +37,10 @@ from agentpost.fleet import (
     parse_fleet,
     plan,
 )
+from agentpost.fleet.model import MAX_DEPTH
 from agentpost.marks import Action, Guard, Verdict
 from agentpost.marks.postgres import PostgresMarkSpace
 from agentpost.protocol.errors import AgentpostError, InvalidInput
-from agentpost.protocol.fleet import MAX_DEPTH
 from agentpost.store import EnvelopeStore
 from dbtools import all_rows, connect, rows
 

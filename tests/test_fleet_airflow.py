@@ -380,7 +380,7 @@ def holders(dsn: str, fleet: Any) -> dict[str, list[str]]:
 def test_a_fleet_object_works_where_a_path_does_and_is_checked_the_same() -> None:
     """A DAG file may build its fleet in code: a Fleet object gives the same DAGs, and one
     built directly (bypassing the file's checks) is checked as a file would be."""
-    from agentpost.protocol.fleet import Fleet
+    from agentpost.fleet.model import Fleet
 
     fleet = fleet_from_dict(example(), "in-code")
     assert sorted(agent_dags(fleet, kinds=["source"])) == sorted(

@@ -18,10 +18,10 @@ import pytest
 from psycopg2.extensions import make_dsn, parse_dsn
 
 from agentpost.hooks import AgentpostHook
+from agentpost.pg.migrations import SchemaBehind, SchemaMissing, load, migrate
+from agentpost.pg.server import libpq_dsn
 from agentpost.protocol.errors import StoreUnavailable
 from agentpost.store import EnvelopeStore
-from agentpost.store.migrations import SchemaBehind, SchemaMissing, load, migrate
-from agentpost.store.server import libpq_dsn
 from dbtools import query
 from test_airflow_inbox import connection_json  # also gives this process a private AIRFLOW_HOME
 

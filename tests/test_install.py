@@ -39,8 +39,8 @@ from pathlib import Path
 import pytest
 from psycopg2.extensions import parse_dsn
 
+from agentpost.pg.server import PostgresServer, libpq_dsn
 from agentpost.spark.install import INSTALL
-from agentpost.store.server import PostgresServer, libpq_dsn
 from conftest import fresh_database
 from dbtools import query
 from dist_support import REPO, build_wheel, copy_source, run

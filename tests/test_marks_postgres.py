@@ -47,12 +47,12 @@ from agentpost.marks import (
 )
 from agentpost.marks.core import TRUST_WEIGHTS
 from agentpost.marks.postgres import FADE_FLOOR, PostgresMarkSpace
+from agentpost.pg.server import libpq_dsn
 from agentpost.protocol.errors import (
     ConfigurationError,
     StoreError,
     StoreUnavailable,
 )
-from agentpost.store.server import libpq_dsn
 from dbtools import connect, query, rows
 from marks_backends import ALIVE
 

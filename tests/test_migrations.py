@@ -1,4 +1,4 @@
-"""agentpost.store.migrations against a real Postgres, with throwaway migration files."""
+"""agentpost.pg.migrations against a real Postgres, with throwaway migration files."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentpost.store.migrations import (
+from agentpost.pg.migrations import (
     FORMER_CHECKSUMS,
     MigrationError,
     applied,

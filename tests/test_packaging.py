@@ -96,7 +96,7 @@ def test_installed_wheel_imports_and_ships_migrations(
         """
         import importlib.resources, json
         import agentpost, agentpost.operators
-        from agentpost.store.migrations import load
+        from agentpost.pg.migrations import load
         sql = importlib.resources.files("agentpost.sql")
         print(json.dumps({
             "loaded": [m.name for m in load()],

@@ -1,5 +1,5 @@
 """Postgres restarted in the middle of consumption (issue 3, Reliability), on a private
-cluster this test starts (agentpost.store.server's discover(private_only=True)) and restarts
+cluster this test starts (agentpost.pg.server's discover(private_only=True)) and restarts
 with pg_ctl on the same port.
 
 Two consumers (Subscribers, a store each) lease and ack while a producer sends with explicit
@@ -27,12 +27,12 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
+from agentpost.pg.migrations import migrate
+from agentpost.pg.server import PostgresServer, PostgresUnavailable, discover, dsn_for_database
 from agentpost.protocol.errors import AgentpostError, LeaseLost
 from agentpost.protocol.models import Status
 from agentpost.store import EnvelopeStore
 from agentpost.store.consumer import Subscriber
-from agentpost.store.migrations import migrate
-from agentpost.store.server import PostgresServer, PostgresUnavailable, discover, dsn_for_database
 from dbtools import query
 from test_leases import BOSS, assert_trail_ok, topology
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agentpost.store.schema_dump import SCHEMA_FILE, generate, normalise
-from agentpost.store.server import PostgresServer
+from agentpost.pg.schema_dump import SCHEMA_FILE, generate, normalise
+from agentpost.pg.server import PostgresServer
 from conftest import fresh_database
 from dbtools import query
 

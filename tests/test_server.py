@@ -1,4 +1,4 @@
-"""agentpost.store.server: DSN helpers and a real private cluster in a temporary directory."""
+"""agentpost.pg.server: DSN helpers and a real private cluster in a temporary directory."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import psycopg2
 import pytest
 from psycopg2.extensions import parse_dsn
 
-from agentpost.store.server import (
+from agentpost.pg.server import (
     DSN_ENV,
     PostgresUnavailable,
     discover,

@@ -33,8 +33,8 @@ from agentpost.protocol.errors import (
     InvalidTransition,
     NotFound,
 )
+from agentpost.smcl import CommandLedger
 from agentpost.store import EnvelopeStore
-from agentpost.store.commands import CommandLedger
 
 S = CommandState
 SCOPE = Scope(name="commands")

@@ -20,9 +20,10 @@ import pytest
 from agentpost.marks import Action, Agent, MarkType, Need, PostgresMarkSpace, Scope
 from agentpost.protocol.commands import CommandKind, CommandState
 from agentpost.protocol.errors import Conflict, InvalidInput, NotFound
+from agentpost.smcl import SagaRunner
 from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
-from agentpost.store.sagas import SagaAborted, SagaRunner, SagaState, SagaWaiting
+from agentpost.store.sagas import SagaAborted, SagaState, SagaWaiting
 from dbtools import connect, query, rows
 from smcl_support import ledger_fixture  # noqa: F401 (fixture)
 

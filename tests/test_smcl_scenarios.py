@@ -29,8 +29,8 @@ from agentpost.protocol.commands import (
     Refusal,
 )
 from agentpost.protocol.errors import Conflict, Forbidden, InvalidInput, InvalidTransition
+from agentpost.smcl import CommandLedger
 from agentpost.store import EnvelopeStore
-from agentpost.store.commands import CommandLedger
 from smcl_support import race
 
 S = CommandState

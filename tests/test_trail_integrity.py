@@ -21,9 +21,9 @@ from typing import Any
 import psycopg2
 import pytest
 
+from agentpost.pg.server import libpq_dsn
 from agentpost.protocol.models import TrailEvent
 from agentpost.store import EnvelopeStore
-from agentpost.store.server import libpq_dsn
 
 # -- helpers ----------------------------------------------------------------------------------
 

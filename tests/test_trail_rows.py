@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from agentpost.pg.migrations import load, migrate
 from agentpost.protocol.models import Status
 from agentpost.store import EnvelopeStore
-from agentpost.store.migrations import load, migrate
 from dbtools import connect, rows
 from test_leases import SHORT_TTL, fill, send, topology, wait_past
 

@@ -24,10 +24,10 @@ import psycopg2
 import pytest
 from pydantic import ValidationError
 
+from agentpost.pg.server import libpq_dsn
 from agentpost.protocol.errors import Conflict, InvalidInput, NotFound
 from agentpost.protocol.models import Draft, RejectionReason
 from agentpost.store import EnvelopeStore
-from agentpost.store.server import libpq_dsn
 from dbtools import query as _query
 
 # §9, verbatim

@@ -33,8 +33,8 @@ from typing import Any
 import psycopg2
 import pytest
 
+from agentpost.pg.server import PostgresServer
 from agentpost.store import EnvelopeStore
-from agentpost.store.server import PostgresServer
 from browser_seed import Seeded, seed_all
 from conftest import fresh_database
 from test_airflow_metadata_db import sqlalchemy_url

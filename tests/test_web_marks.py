@@ -304,8 +304,8 @@ def test_agents_are_named_where_the_store_knows_the_name(
     of a fleet (its id derived from space and name), an operator's agent given by name, and
     the signed-in person are shown by name wherever a mark, intent or verdict names them; an
     agent with a random id keeps its id (shortened, whole on hover)."""
+    from agentpost.fleet.model import AGENT_NAMESPACE
     from agentpost.operators.marks import stable_agent
-    from agentpost.protocol.fleet import AGENT_NAMESPACE
 
     driver, clerk = f"{space.space}-driver", f"{space.space}-clerk"
     with EnvelopeStore(module_dsn) as st:
@@ -347,7 +347,7 @@ def test_recorded_names_name_any_agent_the_newest_name_first(
     derivation cannot: a fleet's `weather-poller`, whose name is no workspace id, and an
     agent with a random id, in marks, intents, verdicts and a mark's own page, never as a
     cut id. An agent that writes under a new name (the same id) shows the newest."""
-    from agentpost.protocol.fleet import AGENT_NAMESPACE
+    from agentpost.fleet.model import AGENT_NAMESPACE
 
     poller = Agent(id=uuid.uuid5(AGENT_NAMESPACE, f"{space.space}/weather-poller"),
                    name="weather-poller", scopes={"ops": ALL, "lot": ALL})

@@ -66,11 +66,11 @@ from agentpost.demo_store import (
 )
 from agentpost.fleet import apply as apply_fleet
 from agentpost.fleet import describe, load_fleet
+from agentpost.pg.bootstrap import create_database, find_server
+from agentpost.pg.migrations import migrate
+from agentpost.pg.server import find_repo_root, redact_dsn
 from agentpost.protocol.errors import AgentpostError, InvalidInput, one_line
 from agentpost.store import CommandLedger, EnvelopeStore
-from agentpost.store.bootstrap import create_database, find_server
-from agentpost.store.migrations import migrate
-from agentpost.store.server import find_repo_root, redact_dsn
 
 __all__ = ["DemoPerson", "Outcome", "apply_demo_fleet", "is_example", "prepare_store",
            "run_airflow_demo", "run_headless_demo", "trail_summary"]

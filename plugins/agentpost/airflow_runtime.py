@@ -42,8 +42,8 @@ import psutil
 from psycopg2.extensions import parse_dsn
 from sqlalchemy.engine import URL
 
-from agentpost.store.bootstrap import create_database, drop_database
-from agentpost.store.server import find_repo_root, libpq_dsn
+from agentpost.pg.bootstrap import create_database, drop_database
+from agentpost.pg.server import find_repo_root, libpq_dsn
 
 HEALTH_PATH = "/api/v2/monitor/health"
 COMPONENTS = ("metadatabase", "scheduler", "triggerer", "dag_processor")

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 
 from agentpost.demo_store import TERMINAL_DATABASE, demo_trail_key
+from agentpost.pg.bootstrap import create_database, find_server
+from agentpost.pg.migrations import migrate
+from agentpost.pg.server import redact_dsn
 from agentpost.protocol.trail import format_trail_event
 from agentpost.store import EnvelopeStore
-from agentpost.store.bootstrap import create_database, find_server
-from agentpost.store.migrations import migrate
-from agentpost.store.server import redact_dsn
 
 DEMO_DATABASE = TERMINAL_DATABASE
 

@@ -247,7 +247,7 @@ class Demo:
 def _contenders(fleet: Fleet) -> list[tuple[str, str, list[str]]]:
     """(deferred scope, agent, the resources of its config) for each agent that writes
     intents in a deferred scope: the example's drivers and their spots."""
-    from agentpost.protocol.fleet import MarkOutput
+    from agentpost.fleet.model import MarkOutput
 
     deferred = {s.name for s in fleet.deferred_scopes()}
     return [(o.scope, a.name, list(a.config.get("spots", []))) for a in fleet.agents

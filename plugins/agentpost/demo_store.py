@@ -4,7 +4,7 @@
 Each demo has a database of its own on the server discovery finds, recreated at its start:
 ``agentpost_demo`` (`make demo`, the one its Airflow serves), ``agentpost_demo_headless``
 (`make demo-headless`) and ``agentpost_demo_terminal`` (`agentpost demo`). A demo never
-drops a database someone is connected to (`agentpost.store.bootstrap.create_database`), so
+drops a database someone is connected to (`agentpost.pg.bootstrap.create_database`), so
 a second demo of the same kind refuses to start instead of pulling the store from under the
 first. Without AGENTPOST_TRAIL_KEY a demo signs with a key it generates (`demo_trail_key`),
 not the public development key, and nothing warns about it.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from agentpost.store.server import find_repo_root
+from agentpost.pg.server import find_repo_root
 
 #: the database of each demo
 AIRFLOW_DATABASE = "agentpost_demo"

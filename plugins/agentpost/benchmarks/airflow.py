@@ -37,8 +37,8 @@ from typing import Any
 
 from agentpost.airflow_runtime import AirflowClient, AirflowRuntime, wait_until
 from agentpost.benchmarks.common import Report, percentile, scratch_database
+from agentpost.pg.server import libpq_dsn
 from agentpost.store import EnvelopeStore
-from agentpost.store.server import libpq_dsn
 
 ENVELOPES = 50
 POKE_INTERVAL = 5.0

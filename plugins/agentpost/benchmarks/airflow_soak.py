@@ -42,7 +42,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import psycopg2
 
-from agentpost.store.server import dsn_for_database
+from agentpost.pg.server import dsn_for_database
 
 DAG_ID = "agentpost_soak"
 RESUMED_DAG_ID = "agentpost_soak_resumed"

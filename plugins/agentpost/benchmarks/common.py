@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from agentpost.store.bootstrap import create_database, drop_database, find_server
-from agentpost.store.migrations import migrate
+from agentpost.pg.bootstrap import create_database, drop_database, find_server
+from agentpost.pg.migrations import migrate
 
 
 @contextmanager

@@ -54,10 +54,10 @@ from agentpost.benchmarks.leases import (
     Workers,
     vacuum,
 )
+from agentpost.pg.bootstrap import create_database, drop_database, find_server
+from agentpost.pg.migrations import migrate
+from agentpost.pg.server import dsn_for_database, libpq_dsn
 from agentpost.store import EnvelopeStore
-from agentpost.store.bootstrap import create_database, drop_database, find_server
-from agentpost.store.migrations import migrate
-from agentpost.store.server import dsn_for_database, libpq_dsn
 
 SIZES = (100_000, 1_000_000)
 LARGE = 10_000_000

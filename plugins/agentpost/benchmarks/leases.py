@@ -35,8 +35,8 @@ import psycopg2
 from psycopg2 import sql
 
 from agentpost.benchmarks.common import Report, median, percentile, scratch_database
+from agentpost.pg.server import libpq_dsn
 from agentpost.store import EnvelopeStore
-from agentpost.store.server import libpq_dsn
 
 ROUNDS = 3
 COUNT = 3_000  # envelopes (and Procrastinate jobs) per throughput cell at scale 1

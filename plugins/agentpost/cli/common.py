@@ -56,7 +56,7 @@ def demo_dsn(args: argparse.Namespace) -> str | None:
     """The DSN a `make demo` running here published (its trail key goes on `args` unless
     AGENTPOST_TRAIL_KEY is set), or None."""
     from agentpost.demo_store import running_demo_store
-    from agentpost.store.server import redact_dsn
+    from agentpost.pg.server import redact_dsn
 
     demo = running_demo_store()
     if demo is None:
@@ -70,7 +70,7 @@ def demo_dsn(args: argparse.Namespace) -> str | None:
 
 def discovered_dsn() -> str:
     """The ``agentpost`` database on the server discovery finds, created and migrated."""
-    from agentpost.store.bootstrap import ensure_database
+    from agentpost.pg.bootstrap import ensure_database
 
     return ensure_database(DEFAULT_DATABASE)
 
@@ -119,7 +119,7 @@ def error_line(args: argparse.Namespace, exc: AgentpostError) -> str:
     where = ""
     dsn = getattr(args, "store_dsn", None)
     if isinstance(exc, NotFound) and dsn:
-        from agentpost.store.server import redact_dsn
+        from agentpost.pg.server import redact_dsn
 
         where = f" (in the store {redact_dsn(dsn)})"
     return f"agentpost: {one_line(exc)}{where}"

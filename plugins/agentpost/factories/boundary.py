@@ -24,8 +24,8 @@ from agentpost.factories.common import (
     fleet_of,
     store_errors,
 )
+from agentpost.fleet.model import Fleet, FleetError
 from agentpost.protocol.errors import InvalidInput
-from agentpost.protocol.fleet import Fleet, FleetError
 
 if TYPE_CHECKING:
     from airflow.sdk import DAG

@@ -9,8 +9,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from agentpost.fleet.model import Fleet, checked, load_fleet
 from agentpost.protocol.errors import AgentpostError, StoreUnavailable
-from agentpost.protocol.fleet import Fleet, checked, load_fleet
 
 #: a fixed start in the past: with catchup off, the first run is the next one due
 START_DATE = datetime(2026, 1, 1)

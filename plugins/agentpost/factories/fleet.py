@@ -38,7 +38,7 @@ from agentpost.factories.common import (
     fleet_of,
     store_errors,
 )
-from agentpost.protocol.fleet import AgentDef, Fleet, FleetError
+from agentpost.fleet.model import AgentDef, Fleet, FleetError
 
 if TYPE_CHECKING:
     from airflow.sdk import DAG, Asset

@@ -36,8 +36,8 @@ from agentpost.protocol.errors import AgentpostError, ConfigurationError
 if TYPE_CHECKING:
     from airflow.sdk import Connection
 
+    from agentpost.pg.migrations import SchemaStatus
     from agentpost.store import EnvelopeStore
-    from agentpost.store.migrations import SchemaStatus
 
 #: extra keys passed through to libpq as URI query parameters
 LIBPQ_OPTIONS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout",
@@ -59,7 +59,7 @@ class StoreTarget:
 
     def check(self) -> SchemaStatus:
         """Reach the store once and check its schema (see `check_schema`)."""
-        from agentpost.store.migrations import check_schema
+        from agentpost.pg.migrations import check_schema
 
         return check_schema(self.dsn)
 

@@ -62,7 +62,7 @@ Why it is built this way:
 - **gc() is the one statement that deletes marks**: superseded ones and those that can never
   be read again (`space.collectable`, the same rule in SQL with each row's stored decay).
 - Database errors never leak: they come out as agentpost's typed errors
-  (`agentpost.store.db.translate`): no schema is a ConfigurationError, no server
+  (`agentpost.pg.db.translate`): no schema is a ConfigurationError, no server
   StoreUnavailable, anything else StoreError.
 
 Do not carry a PostgresMarkSpace across `fork()`: create it in the process that uses it.
@@ -124,10 +124,10 @@ from agentpost.marks.space import (
     min_strength_arg,
     resolved_copy,
 )
+from agentpost.pg.db import Database, translate
+from agentpost.pg.queries import load_queries
+from agentpost.pg.server import libpq_dsn
 from agentpost.protocol.errors import ConfigurationError, StoreError
-from agentpost.store.db import Database, translate
-from agentpost.store.queries import load_queries
-from agentpost.store.server import libpq_dsn
 
 __all__ = ["MARK_COLUMNS", "PostgresMarkSpace"]
 

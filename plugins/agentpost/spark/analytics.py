@@ -24,13 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agentpost.marks import envelope as ms_envelope
 from agentpost.marks.core import ConflictPolicy
 from agentpost.marks.guard import SYSTEM_AGENT_ID
+from agentpost.pg.queries import load_queries
 from agentpost.protocol.errors import AgentpostError, ConfigurationError, InvalidInput
 from agentpost.spark import jobargs
 from agentpost.spark.results import TableRows, Window, replace_window, rows_of
 from agentpost.spark.session import literal_rows, sized_shuffles
 from agentpost.spark.settings import SparkSettings
 from agentpost.spark.source import Snapshot
-from agentpost.store.queries import load_queries
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg2
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentpost.pg.db import one_line, translate
 from agentpost.protocol import named_rows as nr
 from agentpost.protocol.anchor import Checkpoint, load, mismatches
 from agentpost.protocol.errors import AgentpostError, InvalidInput
@@ -31,7 +32,6 @@ from agentpost.spark.jobargs import add_common, settings_from
 from agentpost.spark.session import literal_rows, sized_shuffles
 from agentpost.spark.settings import SparkSettings
 from agentpost.spark.source import Snapshot
-from agentpost.store.db import one_line, translate
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -13,7 +13,7 @@ from psycopg2 import sql
 from psycopg2.extras import execute_values
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from agentpost.store.db import translate
+from agentpost.pg.db import translate
 
 
 class Window(BaseModel):

@@ -19,8 +19,8 @@ from psycopg2.extensions import parse_dsn
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentpost.config import DEVELOPMENT_TRAIL_KEY
+from agentpost.pg.server import libpq_dsn
 from agentpost.protocol.errors import ConfigurationError
-from agentpost.store.server import libpq_dsn
 
 DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
 

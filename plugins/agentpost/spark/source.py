@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg2
 
+from agentpost.pg.db import translate
 from agentpost.protocol.errors import ConfigurationError
 from agentpost.spark import archive
 from agentpost.spark.settings import SparkSettings
-from agentpost.store.db import translate
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -10,11 +10,11 @@ import contextlib
 import os
 from typing import Any
 
+from agentpost.pg.db import Database
 from agentpost.protocol.anchor import ChainHead, Checkpoint, mismatches
 from agentpost.protocol.errors import InvalidInput
 from agentpost.protocol.models import ChainMismatch
 from agentpost.protocol.trail import ChainCheck
-from agentpost.store.db import Database
 from agentpost.store.queries import QUERIES
 from agentpost.store.row_digests import table_digests
 

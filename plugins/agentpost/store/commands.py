@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from agentpost.pg.db import Database
 from agentpost.protocol.commands import (
     CONFIRMATION_TYPE,
     CommandKind,
@@ -37,8 +38,8 @@ from agentpost.protocol.models import TrailEvent
 from agentpost.store.checks import name as _name
 from agentpost.store.checks import ref as _ref
 from agentpost.store.checks import text as _text
-from agentpost.store.db import Database
 from agentpost.store.envelopes import EnvelopeStore
+from agentpost.store.needs import MarkView, NeedBoard, board
 
 _MAX_JSON = 16_384
 _SUBMIT = ("SELECT agentpost.command_submit(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb,"
@@ -129,15 +130,17 @@ class _Heartbeats:
 class CommandLedger:
     """Commands of the SMCL lifecycle, with idempotent submit, gates and signed evidence.
 
-    ``marks``: a mark space in which confirmation needs are posted (scope ``need_scope``);
+    ``marks``: a NeedBoard (agentpost.store.needs) on which confirmation needs are posted
+    (scope ``need_scope``); `agentpost.smcl.CommandLedger` takes a mark space there instead.
     ``lease_ttl``: seconds a started command stays in progress without a heartbeat."""
 
     def __init__(self, store_or_dsn: EnvelopeStore | str, *,
-                 redaction: RedactionPolicy | None = None, marks: Any = None,
+                 redaction: RedactionPolicy | None = None, marks: NeedBoard | None = None,
                  need_scope: str = "commands", lease_ttl: float = 60.0) -> None:
         if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, int | float) or not (
                 0.05 <= lease_ttl <= 86_400):
             raise InvalidInput("lease_ttl must be between 0.05 and 86400 seconds")
+        marks = board(marks, "marks")
         self._owned = isinstance(store_or_dsn, str)
         self.store = EnvelopeStore(store_or_dsn) if self._owned else store_or_dsn
         self.db: Database = self.store.db
@@ -330,22 +333,13 @@ class CommandLedger:
         return _view(data["view"])
 
     def _post_need(self, view: CommandView, question: str | None) -> str:
-        from agentpost.marks import Need
-
+        assert self.marks is not None
         text = question or f"Confirm command {view.command_id}: {view.action}?"
-        need = Need(scope=self.need_scope, question=_text(text, "question", 2000), blocking=True,
-                    priority=0.9, context={
-                        "command_id": view.command_id, "action": view.action,
-                        "workspace": view.workspace, "executor": view.executor,
-                        "args": self.redaction.redact(view.args),
-                        "confirm_with": {"decision": "confirm | decline"}})
-        return str(self.marks.write(self._agent(), need))
-
-    def _agent(self) -> Any:
-        from agentpost.marks import Agent, MarkType
-
-        return Agent(name="agentpost-commands",
-                     scopes={self.need_scope: (MarkType.NEED, MarkType.ACTION)})
+        return str(self.marks.ask(self.need_scope, _text(text, "question", 2000), {
+            "command_id": view.command_id, "action": view.action,
+            "workspace": view.workspace, "executor": view.executor,
+            "args": self.redaction.redact(view.args),
+            "confirm_with": {"decision": "confirm | decline"}}, priority=0.9))
 
     def confirm_from_need(self, command_id: str, resolution_id: Any = None) -> CommandView:
         """Decide the confirmation from the command's resolved need: the resolving Action's
@@ -356,8 +350,8 @@ class CommandLedger:
         if self.marks is None or view.need_id is None:
             raise Conflict(f"command {view.command_id} has no confirmation need")
         resolution = self._resolution(view.need_id, resolution_id)
-        action = self.marks.get(resolution.resolved_by)
-        if action is None or getattr(action, "failed", True) or action.mark_type != "action":
+        action = self.marks.mark(resolution.resolved_by)
+        if action is None or action.failed or action.mark_type != "action":
             raise InvalidInput(f"need {view.need_id} was resolved by {resolution.resolved_by},"
                                " which is not a successful action")
         decision = _decision(dict(action.result).get("decision"))
@@ -367,17 +361,18 @@ class CommandLedger:
                    "action_id": str(action.id)}, "source")))
         return _view(data)
 
-    def _resolution(self, need_id: str, resolution_id: Any) -> Any:
+    def _resolution(self, need_id: str, resolution_id: Any) -> MarkView:
+        assert self.marks is not None
         if resolution_id is None:
             resolution_id = self._find_resolution(need_id)
-        mark = self.marks.get(uuid.UUID(str(resolution_id)))
-        if (mark is None or str(getattr(mark, "supersedes", None)) != need_id
-                or getattr(mark, "resolved_by", None) is None):
+        mark = self.marks.mark(uuid.UUID(str(resolution_id)))
+        if (mark is None or str(mark.supersedes) != need_id
+                or mark.resolved_by is None):
             raise Conflict(f"{resolution_id} is not a resolution of need {need_id}")
         return mark
 
     def _find_resolution(self, need_id: str) -> str:
-        space = getattr(self.marks, "space", None)
+        space = None if self.marks is None else self.marks.space
         if not isinstance(space, str):
             raise InvalidInput("pass resolution_id: only a Postgres mark space is searched")
         found = self.db.scalar("SELECT agentpost.command_need_resolution(%s, %s::uuid)",
@@ -413,14 +408,9 @@ class CommandLedger:
                                           "envelope_id": envelope_id})
 
     def _resolve_need(self, need_id: str, result: dict[str, Any]) -> None:
-        from agentpost.marks import Action, MarkspaceError
-
-        try:
-            action = self.marks.write(self._agent(), Action(
-                scope=self.need_scope, action=CONFIRMATION_TYPE, result=result))
-            self.marks.resolve(uuid.UUID(need_id), action)
-        except MarkspaceError:
-            pass  # resolved meanwhile by someone else: the command's decision stands
+        assert self.marks is not None
+        # False: resolved meanwhile by someone else; the command's decision stands
+        self.marks.answer(self.need_scope, need_id, CONFIRMATION_TYPE, result)
 
     def confirmation_envelope(self, user_id: str, command_id: str,
                               decision: Decision | str = Decision.CONFIRM, *,

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from agentpost.config import Settings
+from agentpost.pg.db import Database
+from agentpost.pg.migrations import migrate
 from agentpost.protocol.anchor import AnchorLike, Checkpoint
 from agentpost.protocol.anchor import load as load_anchor
 from agentpost.protocol.chains import reserved_chain, reserved_message
@@ -47,9 +49,7 @@ from agentpost.store.checks import name as _name
 from agentpost.store.checks import ref as _ref
 from agentpost.store.checks import strings as _strings
 from agentpost.store.checks import text as _text
-from agentpost.store.db import Database
 from agentpost.store.leases import LeaseOps
-from agentpost.store.migrations import migrate
 from agentpost.store.queries import QUERIES
 from agentpost.store.rules import RuleOps
 from agentpost.store.verify import MAX_NAMED_ROWS, MAX_WORKERS

@@ -19,11 +19,11 @@ from typing import Any
 import psycopg2
 import psycopg2.extensions
 
+from agentpost.pg.db import translate
+from agentpost.pg.server import libpq_dsn
 from agentpost.protocol.errors import StoreUnavailable
 from agentpost.store.checks import ref as _ref
-from agentpost.store.db import translate
 from agentpost.store.envelopes import EnvelopeStore
-from agentpost.store.server import libpq_dsn
 
 _OWNER = "SELECT agentpost.event_claim_owner()"
 _CLAIM = ("SELECT agentpost.claim_arrivals(%(watcher)s, %(ws)s, %(max)s, %(owner)s,"

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from agentpost.pg.db import Database
 from agentpost.protocol.commands import RECOVERY_KINDS, CommandKind, CommandState, CommandView
 from agentpost.protocol.errors import Conflict, InvalidInput
 from agentpost.store.commands import CommandLedger
-from agentpost.store.db import Database
 
 S = CommandState
 #: a confirmed recovery whose remaining gates need nobody: `perform` may execute it

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from agentpost.config import Settings
+from agentpost.pg.db import Database
 from agentpost.protocol.errors import InvalidInput
 from agentpost.protocol.leases import Lease, make_token, split_token
 from agentpost.protocol.models import Envelope
@@ -21,7 +22,6 @@ from agentpost.store.checks import count as _count
 from agentpost.store.checks import name as _name
 from agentpost.store.checks import ref as _ref
 from agentpost.store.checks import text as _text
-from agentpost.store.db import Database
 from agentpost.store.queries import QUERIES
 
 #: the longest lease or nack delay accepted (a day), in seconds

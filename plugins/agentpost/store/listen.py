@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import psycopg2
 import psycopg2.extensions
 
-from agentpost.store.server import libpq_dsn
+from agentpost.pg.server import libpq_dsn
 
 INBOX_CHANNEL = "agentpost_inbox"
 

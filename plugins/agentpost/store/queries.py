@@ -1,20 +1,7 @@
-"""Named SQL queries, kept in a package's queries.sql (``-- name: <name>`` starts each one)."""
+"""The store's named queries (store/queries.sql), loaded once."""
 
 from __future__ import annotations
 
-import re
-from importlib.resources import files
+from agentpost.pg.queries import load_queries
 
-_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
-
-
-def load_queries(package: str = "agentpost.store",
-                 filename: str = "queries.sql") -> dict[str, str]:
-    """The named queries of a .sql file of ``package`` (the store's and the mark space's
-    queries.sql, one file per page of the web app)."""
-    text = files(package).joinpath(filename).read_text(encoding="utf-8")
-    parts = _NAME.split(text)
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
-
-
-QUERIES = load_queries()
+QUERIES = load_queries("agentpost.store")

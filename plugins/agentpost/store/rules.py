@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from agentpost.pg.db import Database
 from agentpost.protocol.errors import NotFound
 from agentpost.protocol.rules import Rule, parse_rule
 from agentpost.store.checks import ref as _ref
-from agentpost.store.db import Database
 from agentpost.store.queries import QUERIES
 
 

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -34,10 +34,7 @@ from agentpost.store.checks import name as _name
 from agentpost.store.checks import ref as _ref
 from agentpost.store.checks import text as _text
 from agentpost.store.commands import CommandLedger
-
-if TYPE_CHECKING:
-    from agentpost.marks import Agent
-    from agentpost.marks.space import SpaceBase
+from agentpost.store.needs import NeedBoard, board
 
 Handler = Callable[[dict[str, Any]], Any]
 S = CommandState
@@ -203,15 +200,14 @@ def _bound(handler: Handler, args: Mapping[str, Any]) -> Callable[[], Any]:
 class SagaRunner:
     """Runs sagas on a CommandLedger with named compensation handlers.
 
-    ``space`` (a mark space) receives the blocking need of an escalation, written by ``agent``
-    in ``scope`` (registered with default rules if the space does not know it). Without a
-    space an escalation is still recorded in the saga and its trail; ``resume`` with a space
-    writes the need later. ``policy`` is the auto-confirm policy name of the compensate
-    commands (recorded in their evidence)."""
+    ``space`` (a NeedBoard, agentpost.store.needs) receives the blocking need of an
+    escalation, in ``scope``; `agentpost.smcl.SagaRunner` takes a mark space there instead
+    (and the ``agent`` writing the need). Without a space an escalation is still recorded in
+    the saga and its trail; ``resume`` with a space writes the need later. ``policy`` is the
+    auto-confirm policy name of the compensate commands (recorded in their evidence)."""
 
     def __init__(self, ledger: CommandLedger, handlers: Mapping[str, Handler], *,
-                 space: SpaceBase | None = None, scope: str = "sagas",
-                 agent: Agent | None = None,
+                 space: NeedBoard | None = None, scope: str = "sagas",
                  attempts: int = 3, backoff: float = 0.5,
                  sleep: Callable[[float], Any] = time.sleep,
                  policy: str = "saga-compensation") -> None:
@@ -227,19 +223,8 @@ class SagaRunner:
         self.backoff = float(backoff)
         self.policy = _text(policy, "policy", 200)
         self._sleep = sleep
-        self.space = space
+        self.space = board(space, "space")
         self.scope = scope
-        self.agent = None if space is None else self._need_writer(space, scope, agent)
-
-    @staticmethod
-    def _need_writer(space: SpaceBase, scope: str, agent: Agent | None) -> Agent:
-        from agentpost.marks import Agent, MarkType, Scope, UnknownScope
-
-        try:
-            space.get_scope(scope)
-        except UnknownScope:
-            space.register_scope(Scope(name=scope))
-        return agent or Agent(name="saga-runner", scopes={scope: (MarkType.NEED,)})
 
     # ----------------------------------------------------------------- SQL
 
@@ -294,7 +279,7 @@ class SagaRunner:
     def _reopen(self, view: SagaView) -> SagaView:
         """An escalated saga whose need was resolved compensates again; else unchanged. The
         resolution is looked up in the ledger's database (a PostgresMarkSpace there)."""
-        space = getattr(self.space, "space", None)  # a PostgresMarkSpace's name
+        space = None if self.space is None else self.space.space  # a Postgres space's name
         if not isinstance(space, str) or view.need_id is None:
             return view
         resolved_by = self.ledger.db.scalar("SELECT agentpost.saga_need_resolution(%s, %s)",
@@ -353,15 +338,11 @@ class SagaRunner:
         """Write the escalation's blocking need (if there is a space) and record its id."""
         if self.space is None or view.escalation is None:
             return view
-        from agentpost.marks import Need
-
         context = view.escalation
-        need = Need(scope=self.scope, blocking=True, priority=1.0, context=context,
-                    question=(f"Saga {view.key!r} could not compensate step "
-                              f"{context['step']!r} after {context['attempts']} attempts "
-                              f"({context['last_error']}). Undo it by hand, then resolve "
-                              f"this need."))
-        need_id = self.space.write(self.agent, need)
+        need_id = self.space.ask(self.scope, (
+            f"Saga {view.key!r} could not compensate step {context['step']!r} after "
+            f"{context['attempts']} attempts ({context['last_error']}). Undo it by hand, then "
+            f"resolve this need."), context, priority=1.0)
         return self._call("SELECT agentpost.saga_need(%s, %s)", view.saga_id, str(need_id))
 
 

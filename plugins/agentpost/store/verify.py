@@ -29,12 +29,12 @@ from typing import Any
 
 import psycopg2
 
+from agentpost.pg.db import Database, one_line, translate
 from agentpost.protocol.anchor import ChainHead, Checkpoint
 from agentpost.protocol.errors import AgentpostError, StoreError
 from agentpost.protocol.models import ChainMismatch, MissingRow
 from agentpost.protocol.trail import ChainCheck, StoredEntry
 from agentpost.store.anchor import anchor_mismatches
-from agentpost.store.db import Database, one_line, translate
 from agentpost.store.queries import QUERIES
 from agentpost.store.row_checks import Touched, check_missing, check_rows
 from agentpost.store.row_digests import RowDigest, RowsSince, rows_since, table_digests

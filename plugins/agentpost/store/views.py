@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from agentpost.pg.db import Database
 from agentpost.protocol.leases import InboxStats, stream_of
 from agentpost.protocol.models import Envelope
 from agentpost.store.checks import ref as _ref
-from agentpost.store.db import Database
 from agentpost.store.queries import QUERIES
 
 #: rates and latencies look at most this many of an inbox's most recent envelopes ...

@@ -23,11 +23,11 @@ from typing import Any, ClassVar, TypeVar
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from agentpost.hooks import AgentpostHook, StoreTarget
+from agentpost.pg.server import redact_dsn
 from agentpost.protocol.errors import InvalidInput, StoreUnavailable
 from agentpost.protocol.leases import workspace_of
 from agentpost.store import EnvelopeStore
 from agentpost.store.listen import INBOX_CHANNEL, AsyncListener
-from agentpost.store.server import redact_dsn
 from agentpost.store.watches import check_filter, matching
 
 T = TypeVar("T")

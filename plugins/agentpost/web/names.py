@@ -8,7 +8,7 @@ mark; its name comes from two places, the first one exact for any name:
   the project hands out are derived from names, so the page derives the id of every name the
   store knows of and matches:
 
-  - a fleet's agent: ``uuid5(fleet AGENT_NAMESPACE, "<space>/<name>")`` (protocol/fleet.py),
+  - a fleet's agent: ``uuid5(fleet AGENT_NAMESPACE, "<space>/<name>")`` (fleet/model.py),
   - an operator's agent given by name: ``uuid5(operators AGENT_NAMESPACE, name)``
     (`stable_agent`),
   - a person on the page: ``uuid5(PEOPLE, user)``, named ``human:<user>``,
@@ -35,8 +35,8 @@ from uuid import NAMESPACE_URL, UUID, uuid5
 
 from fastapi import Request
 
+from agentpost.fleet.model import AGENT_NAMESPACE as FLEET_NAMESPACE
 from agentpost.marks.guard import SYSTEM_AGENT_ID, SYSTEM_AGENT_NAME
-from agentpost.protocol.fleet import AGENT_NAMESPACE as FLEET_NAMESPACE
 from agentpost.store import EnvelopeStore
 from agentpost.web.auth import user_name
 

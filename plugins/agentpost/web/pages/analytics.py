@@ -17,8 +17,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
+from agentpost.pg.queries import load_queries
 from agentpost.store import EnvelopeStore
-from agentpost.store.queries import load_queries
 from agentpost.web.auth import require_viewer
 from agentpost.web.context import get_store
 from agentpost.web.names import page_names

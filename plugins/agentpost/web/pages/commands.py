@@ -18,6 +18,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
+from agentpost.pg.queries import load_queries
 from agentpost.protocol.commands import (
     CommandKind,
     CommandState,
@@ -30,7 +31,6 @@ from agentpost.protocol.errors import Conflict, InvalidInput
 from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
 from agentpost.store.highway import recover_as_person
-from agentpost.store.queries import load_queries
 from agentpost.store.sagas import SagaView
 from agentpost.web import actions
 from agentpost.web.auth import Actor, require_viewer, user_name

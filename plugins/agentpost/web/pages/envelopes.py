@@ -17,12 +17,13 @@ from urllib.parse import quote
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
+from agentpost.pg.queries import load_queries
 from agentpost.protocol.errors import InvalidInput
 from agentpost.protocol.models import Envelope
 from agentpost.protocol.trail import ChainCheck, StoredEntry
 from agentpost.protocol.validation import MAX_ID
 from agentpost.store import EnvelopeStore
-from agentpost.store.queries import QUERIES, load_queries
+from agentpost.store.queries import QUERIES
 from agentpost.web.auth import require_viewer
 from agentpost.web.context import Store
 from agentpost.web.render import page, root

@@ -20,11 +20,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response
 
+from agentpost.pg.queries import load_queries
 from agentpost.protocol.errors import Conflict, InvalidInput
 from agentpost.protocol.models import Priority, Status
 from agentpost.protocol.validation import MAX_ID, normalize_draft
 from agentpost.store import EnvelopeStore
-from agentpost.store.queries import load_queries
 from agentpost.store.views import STATS_SAMPLE, STATS_WINDOW_S
 from agentpost.web.actions import confirm_then, form_fields
 from agentpost.web.auth import Actor, require_viewer, user_name

@@ -37,10 +37,10 @@ from agentpost.marks.core import (
     question_key,
 )
 from agentpost.marks.postgres import PostgresMarkSpace
+from agentpost.pg.queries import load_queries
 from agentpost.protocol.errors import Conflict, InvalidInput, NotFound
 from agentpost.protocol.trail import key_pads
 from agentpost.store import EnvelopeStore
-from agentpost.store.queries import load_queries
 from agentpost.web.actions import confirm_then, form_fields
 from agentpost.web.auth import Actor, require_viewer, user_name
 from agentpost.web.context import Store, web_context

@@ -14,9 +14,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
+from agentpost.pg.queries import load_queries
 from agentpost.protocol.errors import InvalidInput, NotFound
 from agentpost.store import EnvelopeStore
-from agentpost.store.queries import load_queries
 from agentpost.web.auth import require_viewer
 from agentpost.web.context import Store
 from agentpost.web.render import page

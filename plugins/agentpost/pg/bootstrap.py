@@ -8,16 +8,16 @@ from typing import Any
 import psycopg2
 from psycopg2 import sql
 
-from agentpost.protocol.errors import Conflict, StoreUnavailable
-from agentpost.store.db import translate
-from agentpost.store.migrations import migrate
-from agentpost.store.server import (
+from agentpost.pg.db import translate
+from agentpost.pg.migrations import migrate
+from agentpost.pg.server import (
     PostgresServer,
     PostgresUnavailable,
     discover,
     dsn_for_database,
     redact_dsn,
 )
+from agentpost.protocol.errors import Conflict, StoreUnavailable
 
 
 def find_server() -> PostgresServer:

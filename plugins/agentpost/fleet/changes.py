@@ -26,15 +26,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentpost.marks.core import WatchPattern
-from agentpost.protocol.errors import Conflict
-from agentpost.protocol.fleet import (
+from agentpost.fleet.model import (
     BUILTIN_ROLES,
     Fleet,
     FleetError,
     WorkspaceDef,
     effective_originator,
 )
+from agentpost.marks.core import WatchPattern
+from agentpost.protocol.errors import Conflict
 from agentpost.protocol.models import WorkspaceState
 from agentpost.store.envelopes import EnvelopeStore
 

@@ -31,9 +31,9 @@ from pathlib import Path
 import psycopg2
 from psycopg2.extensions import parse_dsn
 
+from agentpost.pg.db import translate
+from agentpost.pg.server import libpq_dsn
 from agentpost.protocol.errors import ConfigurationError
-from agentpost.store.db import translate
-from agentpost.store.server import libpq_dsn
 
 __all__ = [
     "AppliedMigration",
