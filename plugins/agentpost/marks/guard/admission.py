@@ -31,9 +31,7 @@ from agentpost.marks.guard.common import (
     _require_agent,
     _same_plan,
 )
-from agentpost.marks.telemetry import (
-    EVENT_PRE_ACTION,
-)
+from agentpost.marks.telemetry import EVENT_PRE_ACTION
 
 if TYPE_CHECKING:
     pass

@@ -31,9 +31,7 @@ from agentpost.marks.guard.common import (
     _latest,
     _verdicts,
 )
-from agentpost.marks.telemetry import (
-    EVENT_RESOLVE_DEFERRED,
-)
+from agentpost.marks.telemetry import EVENT_RESOLVE_DEFERRED
 
 if TYPE_CHECKING:
     pass

@@ -35,9 +35,7 @@ from agentpost.marks.guard.common import (
     as_result,
 )
 from agentpost.marks.keys import KeyRecord, UnsettledCall, check_key, check_same
-from agentpost.marks.telemetry import (
-    EVENT_EXECUTE,
-)
+from agentpost.marks.telemetry import EVENT_EXECUTE
 
 if TYPE_CHECKING:
     pass
