@@ -1,5 +1,5 @@
 """The durable mark space, `PostgresMarkSpace` (agentpost.marks.space.postgres), from the
-path it has always had: every name postgres.py had is importable from here."""
+path it has always had: every name postgres.py defined is importable from here."""
 
 # ruff: noqa: F401
 
