@@ -5,7 +5,7 @@ writes the agent's intent, `post_action` records the result as an action mark, `
 a tool call in both and never calls the tool unless the verdict is ALLOW (P37). `write_mark` is
 the single enforcement boundary for the agent's own observations, warnings and needs (barrier,
 rate limit, content policies, envelope). The optional defence layers plug in here: the
-statistical envelope (`envelope.py`), absorbing barriers (`barrier.py`), token budgets
+statistical envelope (`envelope/`), absorbing barriers (`barrier.py`), token budgets
 (`budget.py`), scope rate limits (`rate_limit.py`), content policies (Markspace §9.13,
 `ContentPolicy` here) and telemetry (`telemetry.py`).
 
