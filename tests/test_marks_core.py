@@ -51,7 +51,6 @@ from agentpost.marks import (
     validate_pipeline,
     winning_intent,
 )
-from agentpost.marks import space as space_module
 from agentpost.marks.core import (
     CONTENT_FIELDS,
     REDACTED,
@@ -59,6 +58,7 @@ from agentpost.marks.core import (
     mark_from_record,
     revalidate,
 )
+from agentpost.marks.space import memory as space_module
 from marks_backends import ALIVE
 
 T0 = 1_700_000_000.0

@@ -1,6 +1,6 @@
 """The mark space's reads on Postgres stay index reads as history grows: what the in-memory
 space promises ("a read touches its own bucket ... never the whole space", docs/marks.md)
-and `marks/postgres.py` says of Postgres ("reads skip faded marks in the index instead of
+and `marks/space/postgres.py` says of Postgres ("reads skip faded marks in the index instead of
 computing their strength").
 
 One space holds a few hundred thousand marks of history: twenty top scopes, each with

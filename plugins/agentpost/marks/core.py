@@ -30,30 +30,49 @@ Readings chosen where the spec leaves room (also in docs/design.md):
   negative age (the clock was set back) counts as age 0, so decay never amplifies (P7).
 """
 
+# Every name core.py had stays importable from here: the names values.py and rules.py
+# define are re-exported.
+# ruff: noqa: F401
+
 from __future__ import annotations
 
-import itertools
 import json
-import math
-import os
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import lru_cache
-from types import MappingProxyType
 from typing import Annotated, Any, Literal, NamedTuple
 from uuid import UUID, uuid4
 
 from pydantic import (
     AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
     field_validator,
 )
 from pydantic import ValidationError as PydanticValidationError
 
+from agentpost.marks.values import (
+    _FROZEN,
+    _SCOPE_SEGMENT,
+    MAX_LABEL,
+    FrozenDict,
+    FrozenList,
+    JsonObject,
+    JsonValue,
+    MarkPayload,
+    Name,
+    Positive,
+    ScopeName,
+    Text,
+    Unit,
+    _freeze_object,
+    check_scope_name,
+    check_text,
+    freeze_json,
+    scope_ancestors,
+    scope_contains,
+    scope_covers,
+)
 from agentpost.protocol.errors import AgentpostError
 
 # --------------------------------------------------------------------------- errors
@@ -151,151 +170,6 @@ def minutes(n: float) -> float:
     """`n` minutes in seconds."""
     return float(n) * 60.0
 
-
-# --------------------------------------------------------------------------- frozen JSON
-
-
-class FrozenDict(dict):
-    """A dict that refuses changes: dict fields of frozen marks stay frozen (P30), while
-    still comparing equal to (and serializing like) a plain dict."""
-
-    __slots__ = ()
-
-    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError("marks are immutable; build a new mark instead")
-
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse
-    __ior__ = _refuse
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(frozenset(self.items()))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (FrozenDict, (dict(self),))
-
-    def __copy__(self) -> FrozenDict:
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenDict:
-        return self
-
-
-class FrozenList(list):
-    """A list that refuses changes (the array counterpart of `FrozenDict`)."""
-
-    __slots__ = ()
-
-    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError("marks are immutable; build a new mark instead")
-
-    __setitem__ = __delitem__ = append = extend = insert = remove = pop = _refuse
-    clear = sort = reverse = __iadd__ = __imul__ = _refuse
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(tuple(self))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (FrozenList, (list(self),))
-
-    def __copy__(self) -> FrozenList:
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenList:
-        return self
-
-
-def check_text(value: str) -> str:
-    """Refuse text Postgres cannot store (NUL bytes, lone surrogates), so both backends
-    accept exactly the same marks."""
-    if "\x00" in value:
-        raise ValueError("text must not contain NUL bytes")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("text must be valid Unicode (no lone surrogates)") from None
-    return value
-
-
-def freeze_json(value: Any, _depth: int = 0) -> Any:
-    """A deep-frozen copy of a JSON value; raises ValueError for anything JSON cannot hold
-    (non-string keys, NaN/inf, sets, objects)."""
-    if _depth > 64:
-        raise ValueError("JSON value nested too deeply")
-    if value is None or isinstance(value, bool | int):
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError("JSON numbers must be finite")
-        return value
-    if isinstance(value, str):
-        return check_text(value)
-    if isinstance(value, Mapping):
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ValueError("JSON object keys must be strings")
-            out[check_text(key)] = freeze_json(item, _depth + 1)
-        return FrozenDict(out)
-    if isinstance(value, list | tuple):
-        return FrozenList(freeze_json(item, _depth + 1) for item in value)
-    raise ValueError(f"{type(value).__name__} is not a JSON value")
-
-
-def _freeze_object(value: dict[str, Any]) -> FrozenDict:
-    return freeze_json(value)
-
-
-#: the longest scope name, resource, verb or topic (characters)
-MAX_LABEL = 200
-
-Text = Annotated[str, AfterValidator(check_text)]
-Name = Annotated[str, Field(min_length=1, max_length=MAX_LABEL), AfterValidator(check_text)]
-JsonObject = Annotated[dict[str, Any], AfterValidator(_freeze_object)]
-#: any JSON value, deep-frozen: the content of a mark (the package's `MarkPayload` is `Any`;
-#: ours must be JSON, which the Postgres backend stores)
-JsonValue = Annotated[Any, AfterValidator(freeze_json)]
-#: the type of a mark's payload fields (Action.result, Observation.content, Need.context), the
-#: `markspace` package's name for it
-MarkPayload = Any
-Unit = Annotated[float, Field(ge=0.0, le=1.0)]
-Positive = Annotated[float, Field(gt=0.0)]
-
-
-_SCOPE_SEGMENT = re.compile(r"[^/\s]+")
-
-
-@lru_cache(maxsize=4096)
-def check_scope_name(name: str) -> str:
-    """A scope name is one or more non-empty `/`-separated segments without whitespace
-    (`"calendar"`, `"research/topic/X"`); anything else would make hierarchy matching
-    ambiguous."""
-    check_text(name)
-    if len(name) > MAX_LABEL:
-        raise ValueError(f"a scope name has at most {MAX_LABEL} characters")
-    if not name or not all(_SCOPE_SEGMENT.fullmatch(seg) for seg in name.split("/")):
-        raise ValueError(f"invalid scope name {name!r}")
-    return name
-
-
-ScopeName = Annotated[str, AfterValidator(check_scope_name)]
-
-
-def scope_ancestors(name: str) -> list[str]:
-    """`"a/b/c"` -> `["a/b/c", "a/b", "a"]`: nearest first, for hierarchical lookups."""
-    parts = name.split("/")
-    return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
-
-
-def scope_contains(parent: str, child: str) -> bool:
-    """Whether `child` is `parent` or nested under it (P23 hierarchy)."""
-    return child == parent or child.startswith(parent + "/")
-
-
-#: our earlier name of `scope_contains`
-scope_covers = scope_contains
-
-
-_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- marks
@@ -706,268 +580,38 @@ class DeferredVerdict(BaseModel):
     consumed_by: UUID | None = None
 
 
-# --------------------------------------------------------------------------- write checks
-
-
-_TRUST_RANK = {Source.EXTERNAL_UNVERIFIED: 0, Source.EXTERNAL_VERIFIED: 1, Source.FLEET: 2}
-
-
-def check_write(agent: object, mark: object, scope: Scope) -> Mark:
-    """Everything a write must satisfy besides the scope existing (§8.1), in order:
-    a well-formed mark, an authorized agent (P19), then the scope's verbs and topics.
-    Returns the re-validated mark; raises a typed error and changes nothing otherwise.
-    `scope` is the definition that governs `mark.scope` (itself or nearest ancestor)."""
-    if not isinstance(agent, Agent):
-        raise InvalidArgument(f"expected an Agent, got {type(agent).__name__}")
-    mark = revalidate(mark)
-    authorize_write(agent, mark, scope)
-    return mark
-
-
-def authorize_write(agent: Agent, mark: Mark, scope: Scope) -> None:
-    """The checks of `check_write` after the mark's own fields: not a projection, the
-    agent's permission for (mark.scope, mark_type), the scope's verbs and topics. For callers
-    that already hold a re-validated mark (the space re-validates before the scope lookup)."""
-    if mark.projected:
-        raise InvalidMark("a projected mark is a redacted copy and cannot be written")
-    if not agent.can_write(mark.scope, mark.mark_type):
-        raise UnauthorizedWrite(
-            f"agent {agent.name!r} is not authorized to write {mark.mark_type.value} marks "
-            f"to scope {mark.scope!r}"
-        )
-    check_scope_rules(mark, scope)
-    if isinstance(mark, Observation) and _TRUST_RANK[mark.source] > _TRUST_RANK[agent.max_source]:
-        raise UnauthorizedWrite(
-            f"agent {agent.name!r} (max_source={agent.max_source.value}) cannot write "
-            f"observations with source={mark.source.value}"
-        )
-
-
-def check_scope_rules(mark: Mark, scope: Scope) -> None:
-    """The scope's verb and topic lists (§7.1); InvalidMark when the mark breaks them."""
-    if isinstance(mark, Intent) and not _allows(scope.allowed_intent_verbs, mark.action):
-        raise InvalidMark(f"intent verb {mark.action!r} is not allowed in {scope.name!r}")
-    if isinstance(mark, Action) and not _allows(scope.allowed_action_verbs, mark.action):
-        raise InvalidMark(f"action verb {mark.action!r} is not allowed in {scope.name!r}")
-    if isinstance(mark, Observation) and not scope.allows_observation_topic(mark.topic):
-        raise InvalidMark(f"observation topic {mark.topic!r} is not allowed in {scope.name!r}")
-    if isinstance(mark, Warning) and not scope.allows_warning_topic(mark.topic):
-        raise InvalidMark(f"warning topic {mark.topic!r} is not allowed in {scope.name!r}")
-
-
-# --------------------------------------------------------------------------- strength
-
-#: the decay `compute_strength` uses when given none: a default Scope's
-DEFAULT_DECAY = SCOPE_DECAY
-#: trust weights (§4.1), read-only: the order fleet > verified > unverified is P6's
-TRUST_WEIGHTS: Mapping[Source, float] = MappingProxyType({
-    Source.FLEET: 1.0,
-    Source.EXTERNAL_VERIFIED: 0.7,
-    Source.EXTERNAL_UNVERIFIED: 0.3,
-})
-REINFORCEMENT_FACTOR = 0.3
-REINFORCEMENT_CAP = 2.0
-#: marks below this strength are left out of reads by default (§2.4 RECOMMENDED)
-DEFAULT_MIN_STRENGTH = 0.01
-
-DecaySource = DecayConfig | Scope | Callable[[Mark], DecayConfig] | None
-
-
-def _decay_for(mark: Mark, decay: DecaySource) -> DecayConfig:
-    if decay is None:
-        return DEFAULT_DECAY
-    if isinstance(decay, DecayConfig):
-        return decay
-    if isinstance(decay, Scope):
-        return decay.decay
-    return decay(mark)
-
-
-def _half_life_decay(initial: float, age: float, half_life: float) -> float:
-    return initial * 0.5 ** (age / half_life)
-
-
-def compute_strength(mark: Mark, now: float, decay_config: DecaySource = None) -> float:
-    """Base strength at `now` by the decay rules of §3.1, before trust, supersession and
-    warnings. `decay_config` is the governing scope's DecayConfig (or the Scope, or a
-    function of the mark); default a default Scope's. An unwritten mark (no created_at) has
-    age 0."""
-    decay = decay_config
-    initial = mark.initial_strength
-    age = 0.0 if mark.created_at is None else max(0.0, now - mark.created_at)
-    kind = mark.mark_type
-    if kind is MarkType.ACTION:
-        return initial
-    if kind is MarkType.NEED:
-        return 0.0 if mark.resolved_by is not None else initial
-    config = _decay_for(mark, decay)
-    if kind is MarkType.INTENT:
-        return initial if age <= config.intent_ttl else 0.0
-    if kind is MarkType.OBSERVATION:
-        return _half_life_decay(initial, age, config.observation_half_life)
-    return _half_life_decay(initial, age, config.warning_half_life)
-
-
-def trust_weight(source: Source | str | Mark | None) -> float:
-    """Weight of a source (§4.1): fleet 1.0 > verified 0.7 > unverified 0.3. Marks without
-    a source (everything but observations), or None, weigh 1.0."""
-    if isinstance(source, Mark):
-        # only observations carry a source (and a missing attribute is slow on pydantic)
-        source = source.source if source.mark_type is MarkType.OBSERVATION else None
-    if source is None:
-        return 1.0
-    weight = TRUST_WEIGHTS.get(source)  # a StrEnum member and its value hash alike
-    return TRUST_WEIGHTS[Source(source)] if weight is None else weight
-
-
-def effective_strength(mark: Mark, now: float, decay_config: DecaySource = None) -> float:
-    """`compute_strength * trust_weight` (§4.2), in [0, initial_strength] (P7)."""
-    return compute_strength(mark, now, decay_config) * trust_weight(mark)
-
-
-def effective_strength_with_warnings(
-    mark: Mark, warnings: Iterable[Warning], now: float, decay_config: DecaySource = None
-) -> float:
-    """§9.5: effective strength minus the live strength of the warnings that invalidate this
-    mark, never below 0 (P34). Only warnings whose `invalidates` is this mark's id count, so
-    callers may pass any warnings. Supersession is the space's business, not this one's."""
-    base = effective_strength(mark, now, decay_config)
-    if base <= 0.0 or mark.id is None:
-        return max(0.0, base)
-    penalty = sum(effective_strength(w, now, decay_config)
-                  for w in warnings if w.invalidates == mark.id)
-    return max(0.0, base - penalty)
-
-
-def reinforce(
-    strengths: Iterable[float],
-    factor: float = REINFORCEMENT_FACTOR,
-    cap: float = REINFORCEMENT_CAP,
-) -> float:
-    """Aggregate strength of marks on one (scope, topic) or (scope, resource) (§5.1): the
-    strongest counts in full, each other one `factor` times, capped at `cap`. Sublinear
-    (P8), bounded (P9) and monotonic in additions (P10). Strengths <= 0 add nothing."""
-    if not 0.0 < factor < 1.0:
-        raise ValueError("reinforcement factor must be in (0, 1)")
-    if not math.isfinite(cap):
-        raise ValueError("reinforcement cap must be finite")
-    ordered = sorted((s for s in strengths if s > 0.0), reverse=True)
-    if not ordered:
-        return 0.0
-    total = ordered[0] + factor * math.fsum(ordered[1:])
-    return min(total, cap)
-
-
-def _created_key(mark: Mark) -> tuple[bool, float]:
-    return (mark.created_at is None, mark.created_at or 0.0)
-
-
-def _tiebreak(intent: Intent) -> tuple[str, str, str, str]:
-    return (str(intent.id or ""), str(intent.agent_id or ""), intent.resource, intent.action)
-
-
-def intent_order_key(intent: Intent, policy: ConflictPolicy) -> tuple[Any, ...]:
-    """Total order of intents under `policy`; the smallest key wins. Ties fall through to
-    created_at, then id (P32), then other fields, so the winner never depends on the order
-    the intents are given in (P11)."""
-    first = -intent.confidence if policy is ConflictPolicy.HIGHEST_CONFIDENCE else 0.0
-    return (first, *_created_key(intent), *_tiebreak(intent))
-
-
-def winning_intent(intents: Sequence[Intent], policy: ConflictPolicy) -> Intent | None:
-    """The intent that wins under `policy` (§6.1), or None: no intents, or YIELD_ALL with a
-    real conflict (more than one intent), which only the principal can settle."""
-    if not intents:
-        return None
-    policy = ConflictPolicy(policy)
-    if policy is ConflictPolicy.YIELD_ALL and len(intents) > 1:
-        return None
-    return min(intents, key=lambda i: intent_order_key(i, policy))
-
-
-def resolve_conflict(intents: Sequence[Intent], policy: ConflictPolicy) -> UUID | None:
-    """`resolve(intents) → winner_id` (§6.4 P11): pure and deterministic. It settles a
-    conflict, so under YIELD_ALL it names nobody (the principal decides), as the package's;
-    a lone intent proceeds without it (§6.1 step 2, `winning_intent`)."""
-    if ConflictPolicy(policy) is ConflictPolicy.YIELD_ALL:
-        return None
-    winner = winning_intent(intents, policy)
-    return None if winner is None else winner.id
-
-
-def project_mark(mark: Mark) -> Mark:
-    """The projected copy an unauthorized reader of a PROTECTED scope sees (§7.4): every
-    structural and coordination field kept (P24), content fields emptied, `projected=True`."""
-    update: dict[str, Any] = {name: REDACTED[name] for name in CONTENT_FIELDS[mark.mark_type]}
-    update["projected"] = True
-    return mark.model_copy(update=update)
-
-
-def visible_to(
-    marks: list[Mark], scope: Scope, scope_name: str, reader: Agent | None
-) -> list[Mark]:
-    """Apply §7.4 to marks read from `scope_name` (governed by `scope`): full marks for
-    infrastructure (reader None), OPEN scopes and authorized readers; projections for
-    PROTECTED; nothing for CLASSIFIED (P20–P22, P25, P26)."""
-    if reader is None or scope.visibility is ScopeVisibility.OPEN or reader.can_read(scope_name):
-        return marks
-    if scope.visibility is ScopeVisibility.PROTECTED:
-        return [project_mark(m) for m in marks]
-    return []
-
-
-def read_order_key(mark: Mark, strength: float) -> tuple[float, float, int]:
-    """Read order: strength descending, then (created_at, id), the total write order (ids
-    compare as their 128-bit integers, which is how UUIDs order)."""
-    return (-strength, mark.created_at or 0.0, 0 if mark.id is None else mark.id.int)
-
-
-# --------------------------------------------------------------------------- needs
-
-_NON_WORD = re.compile(r"[^\w]+")
-
-
-def question_key(question: str) -> str:
-    """Questions equal after lowercasing and dropping punctuation and extra whitespace: the
-    similarity the trail analytics group needs by (agentpost.spark.analytics)."""
-    return " ".join(_NON_WORD.sub(" ", question.casefold()).split())
-
-
-def cluster_needs(needs: Iterable[Need], similar: Callable[[Need], str] | None = None
-                  ) -> list[NeedCluster]:
-    """§8.4 over the given (unresolved) needs. The similarity of step 2 is left to
-    implementations: by default, as the `markspace` package, every need of a scope is one
-    cluster; `similar` (e.g. the question's `question_key`, as the web page does) splits a
-    scope's needs by its value. Score `max(priority) + log(size) * 0.1`, at most 1.0 (the
-    package's cap: a priority stays in [0, 1]); sorted by score descending, then by the
-    cluster's first write."""
-    groups: dict[tuple[str, str], list[Need]] = {}
-    for need in sorted(needs, key=lambda n: (_created_key(n), str(n.id or ""))):
-        groups.setdefault((need.scope, similar(need) if similar else ""), []).append(need)
-    clusters = [
-        NeedCluster(
-            scope=scope,
-            needs=members,
-            effective_priority=min(1.0, max(n.priority for n in members)
-                                   + math.log(len(members)) * 0.1),
-            blocking_count=sum(1 for n in members if n.blocking),
-            contexts=[n.context for n in members],
-        )
-        for (scope, _), members in groups.items()
-    ]
-    clusters.sort(key=lambda c: -c.effective_priority)
-    return clusters
-
-
-_WRITES = itertools.count(1)
-
-
-def new_mark_id() -> UUID:
-    """A fresh mark id: unique without coordination (80 random bits, P31), and increasing in
-    write order within a process, since its top 48 bits count the writes, so that
-    (created_at, id) orders marks of one created_at as they were written (P32). The layout
-    is an RFC 9562 version-8 UUID, the same as the Postgres backend's (sql/0007_marks.sql)."""
-    value = ((next(_WRITES) & (1 << 48) - 1) << 80) | int.from_bytes(os.urandom(10), "big")
-    value = (value & ~(0xF << 76)) | (0x8 << 76)  # version 8
-    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122/9562 variant
-    return UUID(int=value)
+# The pure functions over these types live in rules.py (which imports this module); they
+# are names of this module too. agentpost.marks imports core before anything else, so
+# this import always runs with every type above already defined.
+from agentpost.marks.rules import (  # noqa: E402
+    _NON_WORD,
+    _TRUST_RANK,
+    _WRITES,
+    DEFAULT_DECAY,
+    DEFAULT_MIN_STRENGTH,
+    REINFORCEMENT_CAP,
+    REINFORCEMENT_FACTOR,
+    TRUST_WEIGHTS,
+    DecaySource,
+    _created_key,
+    _decay_for,
+    _half_life_decay,
+    _tiebreak,
+    authorize_write,
+    check_scope_rules,
+    check_write,
+    cluster_needs,
+    compute_strength,
+    effective_strength,
+    effective_strength_with_warnings,
+    intent_order_key,
+    new_mark_id,
+    project_mark,
+    question_key,
+    read_order_key,
+    reinforce,
+    resolve_conflict,
+    trust_weight,
+    visible_to,
+    winning_intent,
+)

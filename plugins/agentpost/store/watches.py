@@ -112,7 +112,7 @@ class NeedState:
 
 
 def need_resolution(store: EnvelopeStore, space: str, need_id: str | UUID) -> NeedState:
-    """Whether need `need_id` of mark space `space` was resolved (marks/postgres.py's
+    """Whether need `need_id` of mark space `space` was resolved (marks/space/postgres.py's
     `resolve` writes a copy with `resolved_by` that supersedes the need)."""
     try:
         mark = UUID(str(need_id))
