@@ -23,12 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentpost.marks import envelope as ms_envelope
 from agentpost.marks.core import ConflictPolicy
-from agentpost.marks.guard import SYSTEM_AGENT_ID
 from agentpost.pg.queries import load_queries
 from agentpost.protocol.errors import AgentpostError, ConfigurationError, InvalidInput
 from agentpost.spark import jobargs
+from agentpost.spark.envelope import EnvelopeRule, envelope_verdicts
 from agentpost.spark.results import TableRows, Window, replace_window, rows_of
-from agentpost.spark.session import literal_rows, sized_shuffles
+from agentpost.spark.session import sized_shuffles
 from agentpost.spark.settings import SparkSettings
 from agentpost.spark.source import Snapshot
 
@@ -39,12 +39,6 @@ JOB = "analytics"
 Q = load_queries("agentpost.spark", "analytics.sql")
 #: the policy written for a scope the job was not told about (the store does not keep it)
 UNKNOWN_POLICY = "unknown"
-#: what an agent does, for the statistical envelope: its own writes (what it receives is
-#: others' doing); the mark types are Markspace's, the rest the envelope traffic's
-ENVELOPE_KINDS = ("sent", "acked", "nacked", "commands",
-                  *(t.value for t in ms_envelope.ALL_TYPES))
-#: writers the envelope never judges (Markspace §9.7, "Exempt agents")
-EXEMPT_AGENTS = (str(SYSTEM_AGENT_ID),)
 #: the result tables and their columns after the window, in the order they are written
 COLUMNS: dict[str, tuple[str, ...]] = {
     "analytics_inbox_latency": ("inbox", "delivered", "p50_ms", "p95_ms", "p99_ms"),
@@ -65,22 +59,6 @@ _BODY = ("STRUCT<`body`: STRUCT<`from`: STRING, `to`: STRING, `workspace_id`: ST
          "`row`: STRUCT<`delivered_at_us`: BIGINT>>>")
 
 
-class EnvelopeRule(BaseModel):
-    """The statistical envelope's parameters (Markspace §9.7; defaults as the guard's)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    bucket_seconds: float = Field(default=ms_envelope.DEFAULT_WINDOW_SECONDS, gt=0,
-                                  le=86_400)
-    k: float = Field(default=ms_envelope.DEFAULT_K, gt=0)
-    min_samples: int = Field(default=ms_envelope.DEFAULT_MIN_SAMPLES, ge=1)
-    type_shift_threshold: float = Field(default=ms_envelope.DEFAULT_TYPE_SHIFT_THRESHOLD,
-                                        gt=0, le=1)
-    type_shift_min: int = Field(default=5, ge=1)
-    std_floor: float = Field(default=1.0, ge=0)
-    concentration: int = Field(default=ms_envelope.DEFAULT_CONCENTRATION_THRESHOLD, ge=2)
-
-
 class Options(BaseModel):
     """What the job is told besides the window: the scopes' conflict policies (the mark
     space does not store them) and the envelope's parameters."""
@@ -97,7 +75,7 @@ def run_analytics(spark: SparkSession, settings: SparkSettings, window: Window,
     written per table (and `source_rows`, the trail entries read)."""
     options = options or Options()
     with Snapshot(spark, settings) as snap:
-        src = _Sources(snap, window)
+        src = Sources(snap, window)
         try:
             source_rows = src.entries.count()
             with sized_shuffles(spark, source_rows, settings):
@@ -108,7 +86,7 @@ def run_analytics(spark: SparkSession, settings: SparkSettings, window: Window,
     return {**{t.table: len(t.rows) for t in tables}, "source_rows": source_rows}
 
 
-class _Sources:
+class Sources:
     """The window's inputs as DataFrames, read in the snapshot and cached (every table reads
     the trail entries, several the marks and commands; a JDBC source is otherwise read
     again by every plan that uses it). `release()` drops the caches."""
@@ -166,7 +144,7 @@ def _parse(trail: DataFrame) -> DataFrame:
         b.getField("row").getField("delivered_at_us").alias("delivered_us"))
 
 
-def _tables(src: _Sources, options: Options) -> list[TableRows]:
+def _tables(src: Sources, options: Options) -> list[TableRows]:
     latency = src.keep(_latencies(src))
     frames = {
         "analytics_inbox_latency": _percentiles(latency, ["inbox"]),
@@ -185,7 +163,7 @@ def _tables(src: _Sources, options: Options) -> list[TableRows]:
 # -- delivery ------------------------------------------------------------------------------
 
 
-def _latencies(src: _Sources) -> DataFrame:
+def _latencies(src: Sources) -> DataFrame:
     """One row per envelope delivered in the window: sender, inbox, ms from its creation
     (the creation entry's signed created_at_us) to its delivery (the delivery entry's
     delivered_at_us)."""
@@ -215,7 +193,7 @@ def _percentiles(latency: DataFrame, keys: list[str]) -> DataFrame:
                               for i, name in enumerate(("p50_ms", "p95_ms", "p99_ms"))])
 
 
-def _outcomes(src: _Sources) -> DataFrame:
+def _outcomes(src: Sources) -> DataFrame:
     """Redeliveries (reason: what caused them), dead letters and rejections (their
     reasons) per inbox; rate = the envelopes with that outcome / the inbox's envelopes in
     play in the window (sent to it in the window, or with any outcome in it)."""
@@ -253,7 +231,7 @@ def _outcomes(src: _Sources) -> DataFrame:
 # -- marks ---------------------------------------------------------------------------------
 
 
-def _conflicts(src: _Sources, policies: Mapping[str, ConflictPolicy]) -> DataFrame:
+def _conflicts(src: Sources, policies: Mapping[str, ConflictPolicy]) -> DataFrame:
     """Contested intents written in the window, per scope, policy and outcome. An intent is
     contested when another agent's intent on the same (space, scope, resource) lived at the
     same time (Markspace §6). Its outcome is its deferred verdict when a boundary decided it
@@ -320,7 +298,7 @@ def _question_key(column: str) -> Column:
     return F.trim(spaced)
 
 
-def _needs(src: _Sources) -> DataFrame:
+def _needs(src: Sources) -> DataFrame:
     """Per (space, scope, question key) (Markspace §8.4's clusters): needs opened in the
     window, resolved in the window, opened in it and still open at its end, and the time to
     resolution (seconds) of the resolutions in the window."""
@@ -355,7 +333,7 @@ def _needs(src: _Sources) -> DataFrame:
 # -- commands ------------------------------------------------------------------------------
 
 
-def _commands(src: _Sources) -> DataFrame:
+def _commands(src: Sources) -> DataFrame:
     """Commands submitted in the window per workspace and action, by current state (SMCL):
     primary commands and their retries and reprocessings (the recovery commands that cancel
     or compensate another act on it, not on the action). compensation_rate = compensated /
@@ -379,7 +357,7 @@ def _commands(src: _Sources) -> DataFrame:
 # -- agents --------------------------------------------------------------------------------
 
 
-def _agent_events(src: _Sources) -> DataFrame:
+def _agent_events(src: Sources) -> DataFrame:
     """(agent, kind, at_us) of everything agents did in the window: a workspace's envelope
     traffic and commands, a mark-space agent's (by its UUID) mark writes by mark type (not
     the copies that resolving a need writes in the need's agent's name)."""
@@ -404,7 +382,7 @@ def _agent_events(src: _Sources) -> DataFrame:
     return traffic.unionByName(commands).unionByName(marks).where(F.col("agent").isNotNull())
 
 
-def _activity(src: _Sources, rule: EnvelopeRule) -> DataFrame:
+def _activity(src: Sources, rule: EnvelopeRule) -> DataFrame:
     """Per agent: its counts in the window, and the statistical envelope's verdict on it."""
     from pyspark.sql import functions as F
 
@@ -414,130 +392,11 @@ def _activity(src: _Sources, rule: EnvelopeRule) -> DataFrame:
         *[F.count(F.when(F.col("kind") == k, True)).alias(k)
           for k in ("sent", "received", "acked", "nacked", "commands")],
         F.count(F.when(marks, True)).alias("marks"))
-    verdicts = _envelope_verdicts(src, events, rule)
+    verdicts = envelope_verdicts(src, events, rule)
     return counts.join(verdicts, "agent", "left").select(
         *COLUMNS["analytics_agent_activity"][:7],
         F.coalesce("anomaly", F.lit(False)).alias("anomaly"), "anomaly_score",
         "anomaly_reason")
-
-
-def _envelope_verdicts(src: _Sources, events: DataFrame, rule: EnvelopeRule) -> DataFrame:
-    """Markspace §9.7 applied offline: the window cut into tumbling buckets of
-    `bucket_seconds` from its start; per agent and kind, each bucket's count is judged
-    against the mean and sample deviation of the agent's earlier buckets (from its first
-    active one: a detector starts at its agent's first write; idle buckets count as zero),
-    as Welford's accumulators hold them, once `min_samples` buckets closed (P41: never
-    before). Findings: rate (count > mean + k * max(sd, floor)), burst (this and the
-    previous bucket > twice that), type shift (the bucket's mix of kinds further than the
-    threshold from the agent's mean mix, total variation distance, with enough writes),
-    concentration (`concentration` or more agents wrote marks to one (scope, topic) in the
-    bucket). anomaly_score: the largest observed/threshold ratio of a ready bucket;
-    anomaly: any finding; anomaly_reason: the largest finding, set exactly when anomaly."""
-    from pyspark.sql import Window as W
-    from pyspark.sql import functions as F
-
-    bucket_us = rule.bucket_seconds * 1e6
-    last = int((src.end_us - src.start_us - 1) // bucket_us)
-    judged = (events.where(F.col("kind").isin(*ENVELOPE_KINDS)
-                           & ~F.col("agent").isin(*EXEMPT_AGENTS))
-              .withColumn("bucket", F.floor((F.col("at_us") - src.start_us) / bucket_us)
-                          .cast("int")))
-    counts = judged.groupBy("agent", "bucket", "kind").agg(F.count("*").alias("c"))
-    first = judged.groupBy("agent").agg(F.min("bucket").alias("first"))
-    grid = (first.select("agent", "first",
-                         F.explode(F.sequence("first", F.lit(last))).alias("bucket"))
-            .crossJoin(_kinds(src))
-            .join(counts, ["agent", "bucket", "kind"], "left")
-            .withColumn("c", F.coalesce("c", F.lit(0)).cast("double")))
-    before = W.partitionBy("agent", "kind").orderBy("bucket").rowsBetween(
-        W.unboundedPreceding, -1)
-    stats = src.keep(grid.withColumn("mean", F.coalesce(F.avg("c").over(before), F.lit(0.0)))
-             .withColumn("sd", F.coalesce(F.stddev_samp("c").over(before), F.lit(0.0)))
-             .withColumn("prev", F.coalesce(F.lag("c").over(
-                 W.partitionBy("agent", "kind").orderBy("bucket")), F.lit(0.0)))
-             .withColumn("ready", (F.col("bucket") - F.col("first")) >= rule.min_samples)
-             .withColumn("limit", F.col("mean") + rule.k * F.greatest(
-                 F.col("sd"), F.lit(rule.std_floor))))
-    findings = (_rate_findings(stats).unionByName(_shift_findings(stats, rule))
-                .unionByName(_concentration_findings(src, stats, rule, bucket_us)))
-    flagged = F.col("flag")
-    return findings.groupBy("agent").agg(
-        F.max("ratio").alias("score"), F.max(flagged.cast("int")).alias("any"),
-        F.max(F.when(flagged, F.struct("ratio", "bucket", "reason"))).alias("worst"),
-    ).select(
-        "agent", (F.col("any") == 1).alias("anomaly"), F.col("score").alias("anomaly_score"),
-        F.when(F.col("any") == 1, F.format_string(
-            "%s (bucket %d of %.0f s from the window start)", F.col("worst.reason"),
-            F.col("worst.bucket"), F.lit(rule.bucket_seconds))).alias("anomaly_reason"))
-
-
-def _kinds(src: _Sources) -> DataFrame:
-    return literal_rows(src.snap.spark, [(k,) for k in ENVELOPE_KINDS], {"kind": "string"})
-
-
-def _rate_findings(stats: DataFrame) -> DataFrame:
-    """Rate and burst (per kind): ratio = observed / threshold, flagged above 1."""
-    from pyspark.sql import functions as F
-
-    ready = stats.where(F.col("ready") & (F.col("c") > 0))
-    rate = ready.select(
-        "agent", "bucket", (F.col("c") / F.col("limit")).alias("ratio"),
-        (F.col("c") > F.col("limit")).alias("flag"),
-        F.format_string("%s rate: %.0f > threshold %.2f (mean %.2f, sd %.2f)", "kind", "c",
-                        "limit", "mean", "sd").alias("reason"))
-    burst = ready.select(
-        "agent", "bucket", ((F.col("c") + F.col("prev")) / (2 * F.col("limit"))).alias("ratio"),
-        ((F.col("c") + F.col("prev")) > 2 * F.col("limit")).alias("flag"),
-        F.format_string("%s burst across a bucket boundary: %.0f > threshold %.2f", "kind",
-                        F.col("c") + F.col("prev"), 2 * F.col("limit")).alias("reason"))
-    return rate.unionByName(burst)
-
-
-def _shift_findings(stats: DataFrame, rule: EnvelopeRule) -> DataFrame:
-    """Type shift (per agent and bucket): the total variation distance between the bucket's
-    mix of kinds and the mean mix of the agent's earlier buckets; ratio = distance /
-    threshold, flagged above 1 when the bucket has `type_shift_min` writes."""
-    from pyspark.sql import Window as W
-    from pyspark.sql import functions as F
-
-    per_bucket = W.partitionBy("agent", "bucket")
-    mix = (stats.where("ready")
-           .withColumn("total", F.sum("c").over(per_bucket))
-           .withColumn("history", F.sum("mean").over(per_bucket))
-           .where((F.col("total") >= rule.type_shift_min) & (F.col("history") > 0))
-           .withColumn("dev", F.col("c") / F.col("total") - F.col("mean") / F.col("history")))
-    grown = F.max(F.struct("dev", "kind")).getField("kind")
-    shifted = mix.groupBy("agent", "bucket").agg(
-        (0.5 * F.sum(F.abs("dev"))).alias("distance"), grown.alias("toward"))
-    return shifted.select(
-        "agent", "bucket", (F.col("distance") / rule.type_shift_threshold).alias("ratio"),
-        (F.col("distance") > rule.type_shift_threshold).alias("flag"),
-        F.format_string("type mix shifted toward %s (distance %.2f > %.2f)", "toward",
-                        "distance", F.lit(rule.type_shift_threshold)).alias("reason"))
-
-
-def _concentration_findings(src: _Sources, stats: DataFrame, rule: EnvelopeRule,
-                            bucket_us: float) -> DataFrame:
-    """Concentration (across agents): `concentration` or more agents wrote marks to one
-    (space, scope, topic) in a bucket; each of them is flagged (once ready); ratio =
-    writers / that number."""
-    from pyspark.sql import functions as F
-
-    topical = (src.marks.where(F.col("topic").isNotNull()
-                               & ~F.col("agent").isin(*EXEMPT_AGENTS))
-               .withColumn("bucket", F.floor(
-                   (F.col("created_at") * 1e6 - src.start_us) / bucket_us).cast("int")))
-    crowds = topical.groupBy("bucket", "space", "scope", "topic").agg(
-        F.countDistinct("agent").alias("writers")).where(F.col("writers") >= rule.concentration)
-    ready = stats.where("ready").select("agent", "bucket").distinct()
-    return (topical.select("agent", "bucket", "space", "scope", "topic").distinct()
-            .join(crowds, ["bucket", "space", "scope", "topic"])
-            .join(ready, ["agent", "bucket"])
-            .select("agent", "bucket",
-                    (F.col("writers") / F.lit(float(rule.concentration))).alias("ratio"),
-                    F.lit(True).alias("flag"),
-                    F.format_string("%d agents wrote to (%s, %s) in one bucket", "writers",
-                                    "scope", "topic").alias("reason")))
 
 
 # -- command line --------------------------------------------------------------------------
