@@ -18,8 +18,7 @@ import pytest
 from psycopg2.extensions import parse_dsn
 
 from agentpost.store.server import PostgresServer, libpq_dsn
-from conftest import fresh_database
-from dbtools import query
+from dbtools import fresh_database, query
 
 AIRFLOW = Path(sys.executable).parent / "airflow"
 

@@ -324,7 +324,7 @@ def test_make_demo_leaves_its_store_where_the_cli_finds_it(dsn: str, pg_server: 
     (before, it created the database `agentpost` and said "unknown workspace"); Ctrl-C stops
     every process it started and withdraws the store, and the CLI no longer finds it. A
     fleet without agents and no DAGs keeps standalone's part short."""
-    from conftest import drop_database
+    from dbtools import drop_database
     from test_first_hour import SCRIPT, checkout, cli
 
     root = checkout(tmp_path / "repo")

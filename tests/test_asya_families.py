@@ -25,8 +25,7 @@ from agentpost.protocol.routes import HAPPY_END, RouteStatus
 from agentpost.store import EnvelopeStore
 from agentpost.store.routes import Hop, RouteStore
 from agentpost.store.server import PostgresServer
-from conftest import create_database, drop_database, unique_db_name
-from dbtools import query
+from dbtools import create_database, drop_database, query, unique_db_name
 
 ACTORS = ["a", "b", "c"]
 

@@ -30,8 +30,7 @@ from agentpost.protocol.errors import Conflict
 from agentpost.store import EnvelopeStore
 from agentpost.store.bootstrap import create_database
 from agentpost.store.server import PostgresServer, libpq_dsn, redact_dsn
-from conftest import drop_database, unique_db_name
-from dbtools import query
+from dbtools import drop_database, query, unique_db_name
 
 SCRIPT = Path(sys.executable).parent / "agentpost"
 TIMEOUT = 180

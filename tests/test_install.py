@@ -41,8 +41,7 @@ from psycopg2.extensions import parse_dsn
 
 from agentpost.spark.install import INSTALL
 from agentpost.store.server import PostgresServer, libpq_dsn
-from conftest import fresh_database
-from dbtools import query
+from dbtools import fresh_database, query
 from dist_support import REPO, build_wheel, copy_source, run
 
 pytestmark = pytest.mark.slow

@@ -14,8 +14,7 @@ import pytest
 
 from agentpost.store.schema_dump import SCHEMA_FILE, generate, normalise
 from agentpost.store.server import PostgresServer
-from conftest import fresh_database
-from dbtools import query
+from dbtools import fresh_database, query
 
 SQL_DIR = Path(__file__).resolve().parents[1] / "sql"
 # a row of the header's table: last defined in, n, kind, signature

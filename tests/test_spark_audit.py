@@ -29,7 +29,7 @@ from agentpost.spark.settings import SparkSettings
 from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
 from agentpost.store.routes import RouteStore
-from conftest import create_database, drop_database, fresh_database, unique_db_name
+from dbtools import create_database, drop_database, fresh_database, unique_db_name
 
 #: Spark jobs over a seeded store: minutes for the module
 pytestmark = pytest.mark.slow

@@ -36,7 +36,7 @@ import pytest
 from agentpost.store import EnvelopeStore
 from agentpost.store.server import PostgresServer
 from browser_seed import Seeded, seed_all
-from conftest import fresh_database
+from dbtools import fresh_database
 from test_airflow_metadata_db import sqlalchemy_url
 
 CHROMIUM = "/usr/bin/chromium"
