@@ -11,7 +11,7 @@
 - ``store`` (function): an EnvelopeStore on ``dsn`` with a short acknowledgment timeout
   (0.2 s), closed afterwards.
 - ``web`` (module): the agentpost page in Airflow's API app on ``module_dsn``'s store
-  (tests/web_support.py).
+  (tests/web/web_support.py).
 
 Database names carry the process id and a random suffix, so concurrent runs against one
 server don't collide.
