@@ -53,7 +53,7 @@ from agentpost.marks import (
 )
 from agentpost.marks.core import MAX_LABEL
 from agentpost.protocol.errors import AgentpostError, ConfigurationError
-from marks_backends import T0, SpaceFactory, backend_fixture, new_space_fixture  # noqa: F401 (fixtures)
+from marks_backends import T0
 
 SCOPES = [
     Scope(

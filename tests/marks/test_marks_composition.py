@@ -23,7 +23,7 @@ from agentpost.marks import (
 )
 from agentpost.marks.compose import validate_manifest_permissions, validate_pipeline
 from agentpost.marks.schedule import Scheduler
-from marks_backends import T0, SpaceFactory, backend_fixture, new_space_fixture  # noqa: F401 (fixtures)
+from marks_backends import T0, SpaceFactory
 
 SENSORS = Scope(name="sensors", decay=DecayConfig(observation_half_life=hours(1)))
 OTHER = Scope(name="other")

@@ -32,7 +32,6 @@ from agentpost.marks.guard import (
     PolicyVerdict,
     WriteRejected,
 )
-from marks_backends import T0, make_space_fixture  # noqa: F401 (fixture)
 
 WRITER = Agent(name="writer", scopes={"feed": ["observation", "warning", "need", "intent",
                                                "action"]})

@@ -83,7 +83,7 @@ from agentpost.marks.telemetry import (
     NullSink,
     StructuredLogSink,
 )
-from marks_backends import T0, make_space_fixture  # noqa: F401 (fixture)
+from marks_backends import T0
 
 HYPOTHESIS = settings(
     max_examples=30,

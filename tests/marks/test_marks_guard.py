@@ -43,7 +43,7 @@ from agentpost.marks.guard import (
     as_result,
 )
 from agentpost.marks.postgres import PostgresMarkSpace
-from marks_backends import T0, make_space_fixture  # noqa: F401 (fixture)
+from marks_backends import T0
 
 HYPOTHESIS = settings(
     max_examples=40,

@@ -22,7 +22,7 @@ from agentpost.marks.core import (
     ScopeVisibility,
     Warning,
 )
-from marks_backends import T0, SpaceFactory, backend_fixture, new_space_fixture  # noqa: F401 (fixtures)
+from marks_backends import T0, SpaceFactory
 
 DECAY = DecayConfig(observation_half_life=60.0, warning_half_life=60.0, intent_ttl=100.0)
 SCOPES = [

@@ -15,7 +15,6 @@ from agentpost.marks.core import Agent, InvalidArgument, MarkType, Observation, 
 from agentpost.marks.guard import Guard, RateLimited, Verdict
 from agentpost.marks.keys import KeyInUse, UnsettledCall
 from agentpost.marks.postgres import PostgresMarkSpace
-from marks_backends import make_space_fixture  # noqa: F401 (fixture)
 
 CALENDAR = Scope(name="calendar", allowed_intent_verbs=("book",),
                  allowed_action_verbs=("booked",))

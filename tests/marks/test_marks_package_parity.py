@@ -58,7 +58,7 @@ from agentpost.marks import (
     validate_pipeline,
 )
 from agentpost.marks.guard import Guard, GuardVerdict
-from marks_backends import T0, make_space_fixture  # noqa: F401 (fixture)
+from marks_backends import T0
 
 ALL = ["intent", "action", "observation", "warning", "need"]
 

@@ -51,7 +51,7 @@ from agentpost.marks import (
     resolve_conflict,
 )
 from agentpost.marks.core import REINFORCEMENT_CAP
-from marks_backends import ALIVE, T0, SpaceFactory, backend_fixture, new_space_fixture  # noqa: F401 (fixtures)
+from marks_backends import ALIVE, T0, SpaceFactory
 
 # --------------------------------------------------------------------------- fixtures
 

@@ -36,7 +36,7 @@ from agentpost.marks import (
     minutes,
     validate_manifest_permissions,
 )
-from marks_backends import T0, SpaceFactory, backend_fixture, new_space_fixture  # noqa: F401 (fixtures)
+from marks_backends import T0, SpaceFactory
 
 # Spec §12.1, "DSL Usage", verbatim but for `from markspace import` -> `from agentpost.marks
 # import`. Split where the spec's comments show what the first read returns.

@@ -49,7 +49,7 @@ from agentpost.marks.core import InvalidArgument
 from agentpost.marks.envelope import AnomalyKind
 from agentpost.marks.guard import Guard
 from agentpost.marks.telemetry import METRIC_MARKS_WRITTEN
-from marks_backends import T0, make_space_fixture  # noqa: F401 (fixture)
+from marks_backends import T0
 
 OBS, WARN, NEED = MarkType.OBSERVATION, MarkType.WARNING, MarkType.NEED
 WINDOW = 300.0

@@ -28,7 +28,6 @@ from agentpost.marks.core import (
     ScopeRateLimit,
     TokenBudget,
 )
-from marks_backends import T0, make_space_fixture  # noqa: F401 (fixture)
 
 AgentBarrier = barrier_module.AgentBarrier
 BarrierSnapshot = barrier_module.BarrierSnapshot

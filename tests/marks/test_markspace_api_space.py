@@ -36,7 +36,7 @@ from agentpost.marks.space import (
     ScopeError,
     ValidationError,
 )
-from marks_backends import T0, SpaceFactory, backend_fixture, new_space_fixture, unique_space_name  # noqa: F401 (fixtures)
+from marks_backends import T0, SpaceFactory, unique_space_name
 
 DECAY = DecayConfig(observation_half_life=60.0, warning_half_life=30.0, intent_ttl=100.0)
 OPS = Scope(name="ops", decay=DECAY, allowed_action_verbs=("did", "answered"),
