@@ -10,8 +10,11 @@
 - ``pg`` (function): a plain autocommit connection to ``dsn``'s database.
 - ``store`` (function): an EnvelopeStore on ``dsn`` with a short acknowledgment timeout
   (0.2 s), closed afterwards.
-- ``web`` (module): the agentpost page in Airflow's API app on ``module_dsn``'s store
-  (tests/web/web_support.py).
+- ``spark`` (session): a local Spark session (tests/spark, tests/bench).
+
+A folder's own fixtures are in its conftest.py (tests/web: ``web``, the agentpost page in
+Airflow's API app; tests/marks: the mark spaces; tests/commands: ``ledger``; tests/routes:
+``routes``).
 
 Database names carry the process id and a random suffix, so concurrent runs against one
 server don't collide.
@@ -108,14 +111,6 @@ def pg(dsn: str) -> Iterator[Any]:
 def store(dsn: str) -> Iterator[EnvelopeStore]:
     with EnvelopeStore(dsn, ack_timeout=0.2) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def web(module_dsn: str) -> Iterator[Any]:
-    from web_support import airflow_web
-
-    with airflow_web(module_dsn) as page:
-        yield page
 
 
 @pytest.fixture(scope="session")

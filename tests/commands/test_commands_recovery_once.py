@@ -21,7 +21,7 @@ from agentpost.protocol.errors import Conflict, InvalidTransition
 from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
 from agentpost.store.highway import recover_as_person
-from smcl_support import ledger_fixture, spawn_together  # noqa: F401 (fixture)
+from smcl_support import spawn_together
 
 S = CommandState
 RACERS = 4

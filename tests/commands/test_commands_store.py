@@ -28,7 +28,7 @@ from agentpost.protocol.errors import (
 )
 from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
-from smcl_support import ledger_fixture, race  # noqa: F401 (fixture)
+from smcl_support import race
 
 S = CommandState
 RACERS = 4

@@ -24,7 +24,6 @@ from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
 from agentpost.store.sagas import SagaAborted, SagaRunner, SagaState, SagaWaiting
 from dbtools import connect, query, rows
-from smcl_support import ledger_fixture  # noqa: F401 (fixture)
 
 S = CommandState
 TRIP = [("flight", "book"), ("hotel", "book"), ("car", "book")]

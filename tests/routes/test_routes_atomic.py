@@ -43,13 +43,6 @@ def snapshot(store: EnvelopeStore) -> tuple[Any, ...]:
             db.scalar("SELECT count(*) FROM agentpost.signals"))
 
 
-@pytest.fixture
-def routes(store: EnvelopeStore) -> Iterator[RouteStore]:
-    rs = RouteStore(store)
-    rs.setup(ACTORS)
-    yield rs
-
-
 def _start(rs: RouteStore, eid: str, actors: list[str] = ACTORS) -> None:
     rs.start({"id": eid, "route": {"actors": actors}, "payload": {"n": 1}})
 

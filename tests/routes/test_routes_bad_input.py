@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -33,11 +33,10 @@ ACTORS = ["prep", "infer", "post"]
 
 
 @pytest.fixture
-def routes(store: EnvelopeStore) -> Iterator[RouteStore]:
-    rs = RouteStore(store)
-    rs.setup(ACTORS)
-    rs.start({"id": "abc", "route": {"actors": ACTORS}, "payload": {"n": 1}})
-    yield rs
+def routes(routes: RouteStore) -> RouteStore:
+    """The folder's RouteStore (tests/routes/conftest.py) with route "abc" started."""
+    routes.start({"id": "abc", "route": {"actors": ACTORS}, "payload": {"n": 1}})
+    return routes
 
 
 def _refused(rs: RouteStore, error: type[Exception], call: Callable[[], Any],

@@ -30,13 +30,6 @@ from dbtools import create_database, drop_database, query, unique_db_name
 ACTORS = ["a", "b", "c"]
 
 
-@pytest.fixture
-def routes(store: EnvelopeStore) -> Iterator[RouteStore]:
-    rs = RouteStore(store)
-    rs.setup(ACTORS)
-    yield rs
-
-
 def _leased(rs: RouteStore, actor: str) -> dict[str, Hop]:
     return {h.envelope.id: h for h in rs.receive(actor, max=50)}
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,17 +23,9 @@ from agentpost.protocol.routes import (
     progress,
     status,
 )
-from agentpost.store import EnvelopeStore
 from agentpost.store.routes import GATEWAY, Hop, RouteStore, _row, wacp_id
 
 ACTORS = ["prep", "infer", "post"]
-
-
-@pytest.fixture
-def routes(store: EnvelopeStore) -> Iterator[RouteStore]:
-    rs = RouteStore(store)
-    rs.setup(ACTORS)
-    yield rs
 
 
 def _start(rs: RouteStore, eid: str = "abc", **extra: Any) -> None:
