@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from agentpost.store import EnvelopeStore
+
 
 @pytest.fixture(scope="module")
 def web(module_dsn: str) -> Iterator[Any]:
@@ -15,3 +17,12 @@ def web(module_dsn: str) -> Iterator[Any]:
 
     with airflow_web(module_dsn) as page:
         yield page
+
+
+@pytest.fixture(scope="module")
+def st(request: pytest.FixtureRequest, module_dsn: str) -> Iterator[EnvelopeStore]:
+    """A store on ``module_dsn`` with the test module's coordinator workspace ``BOSS`` (a
+    module can define its own)."""
+    with EnvelopeStore(module_dsn) as s:
+        s.create_workspace("coordinator", workspace_id=request.module.BOSS)
+        yield s

@@ -7,23 +7,13 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Iterator
 from datetime import UTC
-
-import pytest
 
 from agentpost.protocol.models import Status
 from agentpost.store import EnvelopeStore
 from dbtools import query
 
 BOSS = "ev-boss"
-
-
-@pytest.fixture(scope="module")
-def st(module_dsn: str) -> Iterator[EnvelopeStore]:
-    with EnvelopeStore(module_dsn) as s:
-        s.create_workspace("coordinator", workspace_id=BOSS)
-        yield s
 
 
 def worker(st: EnvelopeStore, ws: str, boss: str = BOSS) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import html
 import json
 import re
-from collections.abc import Iterator
 
 import pytest
 
@@ -20,13 +19,6 @@ from agentpost.web.pages.inboxes import millis, number
 from dbtools import query
 
 BOSS = "ib-boss"
-
-
-@pytest.fixture(scope="module")
-def st(module_dsn: str) -> Iterator[EnvelopeStore]:
-    with EnvelopeStore(module_dsn) as s:
-        s.create_workspace("coordinator", workspace_id=BOSS)
-        yield s
 
 
 def worker(st: EnvelopeStore, ws: str) -> str:
