@@ -35,9 +35,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 test: venv
 	$(BIN)/ruff check .
-	# tests/test_docker_compose.py runs `docker-compose config`: installed here when missing
+	# tests/system/test_docker_compose.py runs `docker-compose config`: installed here when missing
 	sh docker/ensure-compose-tool.sh
-	# tests/test_web_browser.py drives headless Chromium: installed here when missing
+	# tests/system/test_web_browser.py drives headless Chromium: installed here when missing
 	sh tests/ensure-browser.sh
 	# the Spark jobs read the store over JDBC: Debian's driver jar, installed here when missing
 	sh tests/ensure-jdbc-driver.sh
@@ -47,7 +47,7 @@ lint: venv
 	$(BIN)/ruff check .
 
 # sql/schema.sql, the schema all the migrations add up to, dumped from a scratch database on
-# the discovered Postgres: run it after adding a migration (tests/test_schema_sql.py fails
+# the discovered Postgres: run it after adding a migration (tests/store/test_schema_sql.py fails
 # until the file matches).
 schema: venv
 	$(BIN)/python -m agentpost.pg.schema_dump --sql-dir sql

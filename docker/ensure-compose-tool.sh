@@ -1,5 +1,5 @@
 #!/bin/sh
-# Make sure `docker-compose` exists, so tests/test_docker_compose.py can run
+# Make sure `docker-compose` exists, so tests/system/test_docker_compose.py can run
 # `docker-compose config` on docker/compose.yaml (no Docker engine is needed for that).
 # Idempotent: does nothing when the tool is already on PATH. Installs Debian's
 # docker-compose package with apt-get when we are root on a Debian-like system; otherwise

@@ -5,9 +5,9 @@
 -- by hand. The numbered files beside it are the migrations, the deltas a store
 -- applies once each and that are never edited; this file is their sum, the current
 -- truth, to read and to review. Change the schema with a new migration, then run
--- `make schema`: tests/test_schema_sql.py migrates an empty database and fails when
--- the result differs from this file. It is no migration and is never applied (the
--- runner loads only <number>_<name>.sql); a store is made by `agentpost migrate`.
+-- `make schema`: tests/store/test_schema_sql.py migrates an empty database and fails
+-- when the result differs from this file. It is no migration and is never applied
+-- (the runner loads only <number>_<name>.sql); a store is made by `agentpost migrate`.
 --
 -- Every function, procedure and aggregate, by signature, with the migration that last
 -- defined it: the last one whose applying created it, renamed another to it or

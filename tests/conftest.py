@@ -10,8 +10,11 @@
 - ``pg`` (function): a plain autocommit connection to ``dsn``'s database.
 - ``store`` (function): an EnvelopeStore on ``dsn`` with a short acknowledgment timeout
   (0.2 s), closed afterwards.
-- ``web`` (module): the agentpost page in Airflow's API app on ``module_dsn``'s store
-  (tests/web_support.py).
+- ``spark`` (session): a local Spark session (tests/spark, tests/bench).
+
+A folder's own fixtures are in its conftest.py (tests/web: ``web``, the agentpost page in
+Airflow's API app; tests/marks: the mark spaces; tests/commands: ``ledger``; tests/routes:
+``routes``).
 
 Database names carry the process id and a random suffix, so concurrent runs against one
 server don't collide.
@@ -21,22 +24,18 @@ from __future__ import annotations
 
 import atexit
 import os
-import secrets
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg2
 import pytest
 from hypothesis import settings
-from psycopg2 import sql
 
 from agentpost.pg.migrations import migrate
-from agentpost.pg.server import PostgresServer, discover, dsn_for_database, libpq_dsn
+from agentpost.pg.server import PostgresServer, discover
 from agentpost.store import EnvelopeStore
-from dbtools import connect
+from dbtools import connect, create_database, drop_database, fresh_database, unique_db_name
 
 # Airflow reads its configuration once, at first import: tests that import it get a throwaway
 # home (an AIRFLOW_HOME given by the caller is respected), set before any test module loads.
@@ -59,53 +58,6 @@ os.environ.setdefault("AGENTPOST_TRAIL_KEY", "agentpost-test-trail-key")
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
-
-
-def unique_db_name(kind: str) -> str:
-    return f"agentpost_{kind}_{os.getpid()}_{secrets.token_hex(4)}"
-
-
-def _admin(admin_dsn: str):
-    conn = psycopg2.connect(libpq_dsn(admin_dsn))
-    conn.autocommit = True
-    return conn
-
-
-def create_database(admin_dsn: str, name: str, template: str | None = None) -> str:
-    """Create database ``name`` (from ``template`` if given) and return its DSN."""
-    statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
-    if template is not None:
-        statement += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
-    conn = _admin(admin_dsn)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(statement)
-    finally:
-        conn.close()
-    return dsn_for_database(admin_dsn, name)
-
-
-def drop_database(admin_dsn: str, name: str) -> None:
-    """Drop database ``name`` after terminating the connections still open to it."""
-    conn = _admin(admin_dsn)
-    try:
-        with conn.cursor() as cur:
-            for attempt in range(20):
-                cur.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE datname = %s AND pid <> pg_backend_pid()",
-                    (name,),
-                )
-                try:
-                    cur.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-                    return
-                except psycopg2.errors.ObjectInUse:
-                    # a terminated backend can linger for a moment, or a new one sneaked in
-                    if attempt == 19:
-                        raise
-                    time.sleep(0.1)
-    finally:
-        conn.close()
 
 
 @pytest.fixture(scope="session")
@@ -138,18 +90,6 @@ def module_dsn(pg_server: PostgresServer, template_db: str) -> Iterator[str]:
     yield from fresh_database(pg_server, "test", template=template_db)
 
 
-def fresh_database(server: PostgresServer, kind: str, template: str | None = None
-                   ) -> Iterator[str]:
-    """The DSN of a new database (named after `kind`), empty or a copy of `template`,
-    dropped afterwards."""
-    name = unique_db_name(kind)
-    dsn = create_database(server.dsn, name, template=template)
-    try:
-        yield dsn
-    finally:
-        drop_database(server.dsn, name)
-
-
 @pytest.fixture
 def empty_dsn(pg_server: PostgresServer) -> Iterator[str]:
     """A fresh database without any migrations applied."""
@@ -171,14 +111,6 @@ def pg(dsn: str) -> Iterator[Any]:
 def store(dsn: str) -> Iterator[EnvelopeStore]:
     with EnvelopeStore(dsn, ack_timeout=0.2) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def web(module_dsn: str) -> Iterator[Any]:
-    from web_support import airflow_web
-
-    with airflow_web(module_dsn) as page:
-        yield page
 
 
 @pytest.fixture(scope="session")

@@ -1,15 +1,22 @@
-"""Plain psycopg2 access for tests that look at the store's tables from the outside."""
+"""Plain psycopg2 access for tests that look at the store's tables from the outside, and the
+throwaway databases of tests/conftest.py's fixtures (here, not in conftest.py: test modules
+import them, and `import conftest` is ambiguous once test folders have conftest.py files of
+their own)."""
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg2
+from psycopg2 import sql
 
-from agentpost.pg.server import libpq_dsn
+from agentpost.pg.server import PostgresServer, dsn_for_database, libpq_dsn
 
 
 def connect(dsn: str, application_name: str = "agentpost-tests") -> Any:
@@ -104,3 +111,62 @@ def table_reads(plans: list[dict[str, Any]], table: str) -> list[tuple[str, str,
             elif index.startswith(table):
                 found.append((query, node["Node Type"], index, node.get("Index Cond", "")))
     return found
+
+
+def unique_db_name(kind: str) -> str:
+    return f"agentpost_{kind}_{os.getpid()}_{secrets.token_hex(4)}"
+
+
+def _admin(admin_dsn: str):
+    conn = psycopg2.connect(libpq_dsn(admin_dsn))
+    conn.autocommit = True
+    return conn
+
+
+def create_database(admin_dsn: str, name: str, template: str | None = None) -> str:
+    """Create database ``name`` (from ``template`` if given) and return its DSN."""
+    statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template is not None:
+        statement += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+    conn = _admin(admin_dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(statement)
+    finally:
+        conn.close()
+    return dsn_for_database(admin_dsn, name)
+
+
+def drop_database(admin_dsn: str, name: str) -> None:
+    """Drop database ``name`` after terminating the connections still open to it."""
+    conn = _admin(admin_dsn)
+    try:
+        with conn.cursor() as cur:
+            for attempt in range(20):
+                cur.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (name,),
+                )
+                try:
+                    cur.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+                    return
+                except psycopg2.errors.ObjectInUse:
+                    # a terminated backend can linger for a moment, or a new one sneaked in
+                    if attempt == 19:
+                        raise
+                    time.sleep(0.1)
+    finally:
+        conn.close()
+
+
+def fresh_database(server: PostgresServer, kind: str, template: str | None = None
+                   ) -> Iterator[str]:
+    """The DSN of a new database (named after `kind`), empty or a copy of `template`,
+    dropped afterwards."""
+    name = unique_db_name(kind)
+    dsn = create_database(server.dsn, name, template=template)
+    try:
+        yield dsn
+    finally:
+        drop_database(server.dsn, name)

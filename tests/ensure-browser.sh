@@ -1,5 +1,5 @@
 #!/bin/sh
-# Make sure a headless Chromium and its WebDriver exist, so tests/test_web_browser.py can
+# Make sure a headless Chromium and its WebDriver exist, so tests/system/test_web_browser.py can
 # drive the agentpost page in a real browser (Selenium drives /usr/bin/chromium through
 # /usr/bin/chromedriver). Idempotent: does nothing when both are there. Installs Debian's
 # chromium and chromium-driver packages with apt-get when we are root on a Debian-like

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Make sure the PostgreSQL JDBC driver jar exists, so the Spark jobs over the trail can read
-# the store (tests/test_spark_*.py run them). The jobs look for it at $AGENTPOST_JDBC_JAR,
+# the store (tests/spark/test_spark_*.py run them). The jobs look for it at $AGENTPOST_JDBC_JAR,
 # default /usr/share/java/postgresql.jar, which Debian's libpostgresql-jdbc-java installs.
 # Idempotent: does nothing when the jar is there. Installs the package with apt-get when we
 # are root on a Debian-like system; otherwise says what to install and fails, so the Spark

@@ -7,9 +7,9 @@ contract (no DDL, no scan), and two spaces never see each other's marks.
 
 ``BACKENDS`` is the parameter list of the backend fixtures.
 
-``SpaceFactory`` builds spaces of one backend and closes them all at teardown. Two fixtures
-hand one out, a test module imports the one it uses: ``make_space`` (parametrized itself) and
-``new_space`` (parametrized through ``backend``, which a test can also take to branch on it).
+``SpaceFactory`` builds spaces of one backend and closes them all at teardown. Two fixtures of
+tests/marks/conftest.py hand one out: ``make_space`` (parametrized itself) and ``new_space``
+(parametrized through ``backend``, which a test can also take to branch on it).
 """
 
 from __future__ import annotations
@@ -100,24 +100,3 @@ def factories(request: pytest.FixtureRequest, kind: str) -> Iterator[SpaceFactor
     factory = SpaceFactory(kind, dsn)
     yield factory
     factory.close_all()
-
-
-@pytest.fixture(params=BACKENDS, name="make_space")
-def make_space_fixture(request: pytest.FixtureRequest) -> Iterator[SpaceFactory]:
-    """``make_space(scopes, clock=T0)`` -> a fresh, empty space with ``scopes`` registered,
-    of each backend in turn (import it into a test module to use it). Parametrized itself,
-    so a test can pick one backend with ``parametrize("make_space", [...], indirect=True)``."""
-    yield from factories(request, request.param)
-
-
-@pytest.fixture(params=BACKENDS, name="backend")
-def backend_fixture(request: pytest.FixtureRequest) -> str:
-    """The backend of the test, "memory" then "postgres", for tests that branch on it."""
-    return request.param
-
-
-@pytest.fixture(name="new_space")
-def new_space_fixture(request: pytest.FixtureRequest, backend: str) -> Iterator[SpaceFactory]:
-    """``new_space(scopes, clock=T0)`` -> a fresh, empty space of ``backend`` (import both
-    ``backend_fixture`` and ``new_space_fixture`` into a test module to use it)."""
-    yield from factories(request, backend)

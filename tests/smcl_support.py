@@ -1,5 +1,5 @@
-"""Pieces the SMCL test modules share: a ledger on the test's store, processes released
-together, and processes racing one command through `ledger.run`."""
+"""Pieces the SMCL test modules share: processes released together, and processes racing one
+command through `ledger.run` (the `ledger` fixture is tests/commands/conftest.py's)."""
 
 from __future__ import annotations
 
@@ -7,19 +7,12 @@ import multiprocessing
 import queue
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
-
-
-@pytest.fixture(name="ledger")
-def ledger_fixture(store: EnvelopeStore) -> Iterator[CommandLedger]:
-    with CommandLedger(store) as ledger:
-        yield ledger
 
 
 def run_in_race(dsn: str, request: dict[str, Any], pause: float, barrier: Any,

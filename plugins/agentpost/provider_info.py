@@ -4,7 +4,7 @@ extra links.
 
 Modules are listed, not classes, as Airflow's own providers list them. Every module of the
 installed package that defines one of these classes must appear under its kind:
-tests/test_provider_info.py walks the package and names any module missing here.
+tests/airflow/test_provider_info.py walks the package and names any module missing here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``python -m agentpost.cli``: the console script without its installed wrapper (tests and
 subprocesses run the CLI of the interpreter they run on). Importing it runs nothing: tools
-that import every module of the package (tests/test_provider_info.py) walk past it."""
+that import every module of the package (tests/airflow/test_provider_info.py) walk past it."""
 
 import sys
 
