@@ -28,7 +28,10 @@ import psutil
 import pytest
 
 from agentpost.airflow_demo import DemoPerson, RestRunner, apply_demo_fleet, run_headless_demo
-from agentpost.airflow_runtime import (
+from agentpost.demo_scenarios import EVENT_DRIVEN, Outcome
+from agentpost.demo_store import running_demo_store
+from agentpost.spark.audit import AuditReport
+from agentpost.standalone import (
     COMPONENTS,
     AirflowClient,
     AirflowError,
@@ -37,9 +40,6 @@ from agentpost.airflow_runtime import (
     port_open,
     wait_until,
 )
-from agentpost.demo_scenarios import EVENT_DRIVEN, Outcome
-from agentpost.demo_store import running_demo_store
-from agentpost.spark.audit import AuditReport
 from agentpost.store import CommandLedger, EnvelopeStore
 from agentpost.store.server import libpq_dsn, redact_dsn
 from dbtools import query

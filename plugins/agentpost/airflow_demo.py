@@ -36,15 +36,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from agentpost.airflow_demo_child import DSN_VAR
-from agentpost.airflow_runtime import (
-    SPARK_LOCAL,
-    TERMINAL_RUN_STATES,
-    AirflowClient,
-    AirflowRuntime,
-    connection_json,
-    private_environment,
-    wait_until,
-)
 from agentpost.demo_scenarios import (
     EXAMPLE_PREFIX,
     EXAMPLE_TAG,
@@ -67,6 +58,15 @@ from agentpost.demo_store import (
 from agentpost.fleet import apply as apply_fleet
 from agentpost.fleet import describe, load_fleet
 from agentpost.protocol.errors import AgentpostError, InvalidInput, one_line
+from agentpost.standalone import (
+    SPARK_LOCAL,
+    TERMINAL_RUN_STATES,
+    AirflowClient,
+    AirflowRuntime,
+    connection_json,
+    private_environment,
+    wait_until,
+)
 from agentpost.store import CommandLedger, EnvelopeStore
 from agentpost.store.bootstrap import create_database, find_server
 from agentpost.store.migrations import migrate

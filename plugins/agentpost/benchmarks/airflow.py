@@ -35,8 +35,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from agentpost.airflow_runtime import AirflowClient, AirflowRuntime, wait_until
 from agentpost.benchmarks.common import Report, percentile, scratch_database
+from agentpost.standalone import AirflowClient, AirflowRuntime, wait_until
 from agentpost.store import EnvelopeStore
 from agentpost.store.server import libpq_dsn
 
