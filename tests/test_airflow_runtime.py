@@ -27,9 +27,9 @@ import httpx
 import psutil
 import pytest
 
-from agentpost.airflow_demo import DemoPerson, RestRunner, apply_demo_fleet, run_headless_demo
-from agentpost.demo_scenarios import EVENT_DRIVEN, Outcome
-from agentpost.demo_store import running_demo_store
+from agentpost.demo.airflow import DemoPerson, RestRunner, apply_demo_fleet, run_headless_demo
+from agentpost.demo.scenarios import EVENT_DRIVEN, Outcome
+from agentpost.demo.store import running_demo_store
 from agentpost.spark.audit import AuditReport
 from agentpost.standalone import (
     COMPONENTS,
