@@ -4,7 +4,7 @@ cancelled, last first: the undo_* tasks show it. Each step is an SMCL command, a
 per DAG run however often a task is retried.
 
 Tagged ``expect-failure``: a run fails by design (with the default params), and the demo
-counts it as expected only when it compensated (agentpost.demo_scenarios)."""
+counts it as expected only when it compensated (agentpost.demo.scenarios)."""
 
 from __future__ import annotations
 

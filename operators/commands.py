@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from agentpost.command_triggers import CommandTrigger
 from agentpost.hooks import AgentpostHook
+from agentpost.operators.common import ClearErrors
 from agentpost.protocol.commands import CommandKind, CommandState, CommandView
-from agentpost.protocol.errors import AgentpostError, StoreError
 from agentpost.store.commands import CommandLedger
+from agentpost.triggers.commands import CommandTrigger
 from agentpost.web.links import LinkSource, links_for
 
 if TYPE_CHECKING:
@@ -310,8 +310,8 @@ class CommandOperator(WaitsForCommands, BaseOperator):
         finally:
             store.close()
 
-    def _clear_errors(self) -> _ClearErrors:
-        return _ClearErrors(self.task_id)
+    def _clear_errors(self) -> ClearErrors:
+        return ClearErrors(self.task_id)
 
     def _call(self) -> _Call:
         return _Call(self.python_callable, self.op_args, self.op_kwargs)
@@ -335,27 +335,6 @@ class CommandOperator(WaitsForCommands, BaseOperator):
         ti = context["ti"]
         return {"airflow": {"dag_id": ti.dag_id, "task_id": ti.task_id, "run_id": ti.run_id,
                             "map_index": ti.map_index, "try_number": ti.try_number}}
-
-
-class _ClearErrors:
-    """Turns the store's typed errors into Airflow's: bad input, a forbidden or conflicting
-    request fail the task without retries (one line); a store that is away fails the try."""
-
-    def __init__(self, task_id: str) -> None:
-        self.task_id = task_id
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: object) -> None:
-        if exc is None or not isinstance(exc, AgentpostError):
-            return
-        line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        message = f"{self.task_id}: {type(exc).__name__}: {line}"
-        if isinstance(exc, StoreError):
-            raise AirflowException(message) from exc
-        raise AirflowFailException(message) from exc
 
 
 __all__ = ["CommandOperator", "WaitsForCommands", "default_key"]

@@ -15,9 +15,10 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from agentpost.hooks import AgentpostHook
-from agentpost.operators.commands import _ClearErrors
+from agentpost.protocol.errors import AgentpostError, StoreError
 from agentpost.protocol.validation import CLIENT_ID
 
 if TYPE_CHECKING:
@@ -69,12 +70,33 @@ def is_template(value: Any) -> bool:
     return isinstance(value, str) and "{{" in value
 
 
+class ClearErrors:
+    """Turns the store's typed errors into Airflow's: bad input, a forbidden or conflicting
+    request fail the task without retries (one line); a store that is away fails the try."""
+
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        if exc is None or not isinstance(exc, AgentpostError):
+            return
+        line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        message = f"{self.task_id}: {type(exc).__name__}: {line}"
+        if isinstance(exc, StoreError):
+            raise AirflowException(message) from exc
+        raise AirflowFailException(message) from exc
+
+
 @contextmanager
 def open_store(conn_id: str, task_id: str) -> Iterator[EnvelopeStore]:
     """The store of connection `conn_id`, closed afterwards; its typed errors become one-line
     failures of task `task_id` (bad input, forbidden, not found: no retry; a store that is
     away: a retry)."""
-    with _ClearErrors(task_id), AgentpostHook(conn_id).get_store() as store:
+    with ClearErrors(task_id), AgentpostHook(conn_id).get_store() as store:
         yield store
 
 
@@ -93,10 +115,10 @@ class StoreOperator(BaseOperator):
         """The store (see `open_store`)."""
         return open_store(self.agentpost_conn_id, self.task_id)
 
-    def errors(self) -> _ClearErrors:
+    def errors(self) -> ClearErrors:
         """Turns the store's typed errors into Airflow's, one line each."""
-        return _ClearErrors(self.task_id)
+        return ClearErrors(self.task_id)
 
 
-__all__ = ["StoreOperator", "client_id", "fit", "instance_id", "instance_parts",
+__all__ = ["ClearErrors", "StoreOperator", "client_id", "fit", "instance_id", "instance_parts",
            "is_template", "open_store"]

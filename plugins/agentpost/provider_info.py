@@ -22,9 +22,10 @@ OPERATOR_MODULES = ["agentpost.operators.commands", "agentpost.operators.common"
                     "agentpost.operators.marks", "agentpost.operators.sagas",
                     "agentpost.operators.setup", "agentpost.operators.spark"]
 SENSOR_MODULES = ["agentpost.operators.sensors"]
-TRIGGER_MODULES = ["agentpost.triggers.commands", "agentpost.triggers.events",
-                   "agentpost.triggers.inbox", "agentpost.triggers.needs",
-                   "agentpost.triggers.replies", "agentpost.triggers.verdicts"]
+TRIGGER_MODULES = ["agentpost.triggers.base", "agentpost.triggers.commands",
+                   "agentpost.triggers.events", "agentpost.triggers.inbox",
+                   "agentpost.triggers.needs", "agentpost.triggers.replies",
+                   "agentpost.triggers.verdicts"]
 #: class paths of BaseOperatorLink subclasses (the plugin registers the same classes)
 EXTRA_LINKS = ["agentpost.web.links.CommandLink", "agentpost.web.links.EnvelopeLink",
                "agentpost.web.links.MarkLink", "agentpost.web.links.RouteLink",

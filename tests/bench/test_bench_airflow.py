@@ -11,10 +11,10 @@ import re
 
 import pytest
 
-from agentpost.airflow_runtime import START_TIMEOUT, AirflowRuntime, port_open
 from agentpost.benchmarks import airflow as bench
 from agentpost.benchmarks.airflow import MISSING, watcher_available
 from agentpost.cli import main
+from agentpost.standalone import START_TIMEOUT, AirflowRuntime, port_open
 
 CELL = r"p50 [\d.]+ s\s+p95 [\d.]+ s\s+\(n=2\)"
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from agentpost import demo
-from agentpost.demo_store import (
+from agentpost.demo import terminal as demo
+from agentpost.demo.store import (
     AIRFLOW_DATABASE,
     HEADLESS_DATABASE,
     TERMINAL_DATABASE,

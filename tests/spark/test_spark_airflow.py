@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from agentpost.airflow_runtime import SPARK_LOCAL
 from agentpost.benchmarks.spark_fill import Plan, fill
 from agentpost.operators import TrailJobOperator
 from agentpost.spark.apps import application
+from agentpost.standalone import SPARK_LOCAL
 from dbtools import query
 from test_airflow_examples import RUNNER
 from test_airflow_inbox import airflow_env

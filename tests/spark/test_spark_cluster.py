@@ -37,10 +37,10 @@ import psutil
 import pyspark
 import pytest
 
-from agentpost.airflow_runtime import free_port
 from agentpost.benchmarks.spark_fill import Plan, fill
 from agentpost.spark.apps import application
 from agentpost.spark.settings import DEFAULT_JDBC_JAR
+from agentpost.standalone import free_port
 from agentpost.store import EnvelopeStore
 from dbtools import query
 

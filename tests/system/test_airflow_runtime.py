@@ -27,8 +27,12 @@ import httpx
 import psutil
 import pytest
 
-from agentpost.airflow_demo import DemoPerson, RestRunner, apply_demo_fleet, run_headless_demo
-from agentpost.airflow_runtime import (
+from agentpost.demo.airflow import DemoPerson, RestRunner, apply_demo_fleet, run_headless_demo
+from agentpost.demo.scenarios import EVENT_DRIVEN, Outcome
+from agentpost.demo.store import running_demo_store
+from agentpost.pg.server import libpq_dsn, redact_dsn
+from agentpost.spark.audit import AuditReport
+from agentpost.standalone import (
     COMPONENTS,
     AirflowClient,
     AirflowError,
@@ -37,10 +41,6 @@ from agentpost.airflow_runtime import (
     port_open,
     wait_until,
 )
-from agentpost.demo_scenarios import EVENT_DRIVEN, Outcome
-from agentpost.demo_store import running_demo_store
-from agentpost.pg.server import libpq_dsn, redact_dsn
-from agentpost.spark.audit import AuditReport
 from agentpost.store import CommandLedger, EnvelopeStore
 from dbtools import query
 

@@ -35,9 +35,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from agentpost.airflow_runtime import AirflowClient, AirflowRuntime, wait_until
 from agentpost.benchmarks.common import Report, percentile, scratch_database
 from agentpost.pg.server import libpq_dsn
+from agentpost.standalone import AirflowClient, AirflowRuntime, wait_until
 from agentpost.store import EnvelopeStore
 
 ENVELOPES = 50

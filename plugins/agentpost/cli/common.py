@@ -2,7 +2,7 @@
 and turning an error into its one line and exit code.
 
 Store discovery: ``--dsn``, else AGENTPOST_DSN, else the store of the `make demo` running
-from this checkout (`agentpost.demo_store`; a note on stderr says so), else Postgres discovery
+from this checkout (`agentpost.demo.store`; a note on stderr says so), else Postgres discovery
 (a server on 127.0.0.1:5432, else the private cluster under ``.pg/``) with the database
 ``agentpost``, created and migrated on first use. The store modules are imported when a
 command opens its store, so that parsing the arguments (``--help``) stays quick.
@@ -55,7 +55,7 @@ def store_dsn(args: argparse.Namespace) -> str:
 def demo_dsn(args: argparse.Namespace) -> str | None:
     """The DSN a `make demo` running here published (its trail key goes on `args` unless
     AGENTPOST_TRAIL_KEY is set), or None."""
-    from agentpost.demo_store import running_demo_store
+    from agentpost.demo.store import running_demo_store
     from agentpost.pg.server import redact_dsn
 
     demo = running_demo_store()

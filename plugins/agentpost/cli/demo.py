@@ -1,6 +1,6 @@
-"""`agentpost demo`: the terminal demo (`agentpost.demo`), or every example DAG on a real
-Airflow or under dag.test() (`agentpost.airflow_demo`). Both are imported only when a demo
-runs: they bring the store, and the Airflow demos Airflow itself."""
+"""`agentpost demo`: the terminal demo (`agentpost.demo.terminal`), or every example DAG on
+a real Airflow or under dag.test() (`agentpost.demo.airflow`). Both are imported only when a
+demo runs: they bring the store, and the Airflow demos Airflow itself."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from agentpost.protocol.errors import InvalidInput
 
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.airflow:
-        from agentpost.airflow_demo import run_airflow_demo
+        from agentpost.demo.airflow import run_airflow_demo
 
         return run_airflow_demo(dsn=args.dsn, dags_folder=args.dags_folder)
     if args.headless:
-        from agentpost.airflow_demo import run_headless_demo
+        from agentpost.demo.airflow import run_headless_demo
 
         return run_headless_demo(dsn=args.dsn, dags_folder=args.dags_folder)
     if args.dags_folder is not None:
         raise InvalidInput("--dags-folder is for the Airflow demos (--airflow, --headless); "
                            "the terminal demo plays no DAGs")
-    from agentpost.demo import run_demo
+    from agentpost.demo.terminal import run_demo
 
     return run_demo(dsn=args.dsn)
 

@@ -1,27 +1,26 @@
 """Triggers that wait on the agentpost store from Airflow's triggerer.
 
-One module per thing waited for: `inbox` (envelopes to lease; also the shared machinery,
-`StoreTrigger` and `WatchTrigger`), `commands` (an SMCL command that no longer waits),
-`replies` (the answer to an envelope), `needs` (a Markspace need resolved), `verdicts` (a
-deferred-resolution boundary's verdict), and `events` (`InboxEventTrigger`, the
-BaseEventTrigger that starts a DAG run per envelope arriving in an inbox, for asset
-watchers). Every trigger is importable from here; ``agentpost.triggers.InboxTrigger`` is
+One module per thing waited for: `inbox` (envelopes to lease), `commands` (an SMCL command
+that no longer waits), `replies` (the answer to an envelope), `needs` (a Markspace need
+resolved), `verdicts` (a deferred-resolution boundary's verdict), and `events`
+(`InboxEventTrigger`, the BaseEventTrigger that starts a DAG run per envelope arriving in an
+inbox, for asset watchers); `base` holds what they share (`StoreTrigger`, `WatchTrigger`,
+their helpers). Every trigger is importable from here; ``agentpost.triggers.InboxTrigger`` is
 also the classpath InboxTrigger serializes to, as it always has.
 """
 
-from agentpost.triggers.commands import CommandTrigger
-from agentpost.triggers.events import InboxEventTrigger
-from agentpost.triggers.inbox import (
-    InboxTrigger,
+from agentpost.triggers.base import (
     StoreTrigger,
     TriggerStore,
     WatchTrigger,
-    available,
     first_check,
     one_line,
     positive,
     redact,
 )
+from agentpost.triggers.commands import CommandTrigger
+from agentpost.triggers.events import InboxEventTrigger
+from agentpost.triggers.inbox import InboxTrigger, available
 from agentpost.triggers.needs import NeedResolvedTrigger
 from agentpost.triggers.replies import ReplyTrigger
 from agentpost.triggers.verdicts import VerdictTrigger

@@ -33,7 +33,7 @@ from agentpost.store.checks import name as _name
 from agentpost.store.checks import ref as _ref
 from agentpost.store.commands import CommandLedger
 from agentpost.store.listen import AsyncListener
-from agentpost.triggers.inbox import StoreTrigger, TriggerStore, first_check, one_line, positive
+from agentpost.triggers.base import StoreTrigger, TriggerStore, first_check, one_line, positive
 
 #: the classpath serialize() gives: the module this class lived in first, kept importable as
 #: an alias, so triggers already stored in a metadata database and new ones load alike

@@ -39,7 +39,7 @@ from agentpost.store import EnvelopeStore
 from agentpost.store.checks import ref as _ref
 from agentpost.store.event_claims import DEFAULT_CLAIM_TIMEOUT, ClaimSession
 from agentpost.store.listen import AsyncListener
-from agentpost.triggers.inbox import StoreAccess, TriggerStore, first_check, one_line, positive
+from agentpost.triggers.base import StoreAccess, TriggerStore, first_check, one_line, positive
 
 CLASSPATH = "agentpost.triggers.events.InboxEventTrigger"
 

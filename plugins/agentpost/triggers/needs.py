@@ -16,7 +16,7 @@ from agentpost.protocol.errors import InvalidInput
 from agentpost.store import EnvelopeStore
 from agentpost.store.checks import text as _text
 from agentpost.store.watches import need_resolution
-from agentpost.triggers.inbox import WatchTrigger
+from agentpost.triggers.base import WatchTrigger
 
 CLASSPATH = "agentpost.triggers.needs.NeedResolvedTrigger"
 #: the channel a need's resolution is notified on (payload: the need's id)

@@ -16,7 +16,7 @@ from agentpost.protocol.models import Envelope
 from agentpost.store import EnvelopeStore
 from agentpost.store.checks import ref as _ref
 from agentpost.store.watches import reply_to
-from agentpost.triggers.inbox import WatchTrigger
+from agentpost.triggers.base import WatchTrigger
 
 CLASSPATH = "agentpost.triggers.replies.ReplyTrigger"
 

@@ -16,7 +16,7 @@ from agentpost.hooks import AgentpostHook
 from agentpost.marks.core import DeferredVerdict
 from agentpost.store import EnvelopeStore
 from agentpost.store.checks import text as _text
-from agentpost.triggers.inbox import WatchTrigger
+from agentpost.triggers.base import WatchTrigger
 from agentpost.triggers.needs import mark_id, space_name
 
 CLASSPATH = "agentpost.triggers.verdicts.VerdictTrigger"

@@ -1,4 +1,4 @@
-"""The child of the headless demo (`agentpost.airflow_demo.ChildRunner`): loads the DAGs
+"""The child of the headless demo (`agentpost.demo.airflow.ChildRunner`): loads the DAGs
 folder once, then runs what each JSON line of its standard input asks with `dag.test()`.
 
 Run with its own AIRFLOW_HOME, SQLite metadata and the ``agentpost_default`` connection.

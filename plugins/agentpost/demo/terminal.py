@@ -3,14 +3,14 @@
 It runs against a fresh database ``agentpost_demo_terminal`` on the server discovery finds
 (or on ``dsn``), narrates each step, prints the trail and verifies it. Its database is its
 own: `make demo`'s store (``agentpost_demo``) is never touched, and a database someone is
-connected to is never dropped (`agentpost.demo_store`).
+connected to is never dropped (`agentpost.demo.store`).
 """
 
 from __future__ import annotations
 
 import json
 
-from agentpost.demo_store import TERMINAL_DATABASE, demo_trail_key
+from agentpost.demo.store import TERMINAL_DATABASE, demo_trail_key
 from agentpost.pg.bootstrap import create_database, find_server
 from agentpost.pg.migrations import migrate
 from agentpost.pg.server import redact_dsn

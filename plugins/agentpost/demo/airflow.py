@@ -2,9 +2,9 @@
 demo-headless`).
 
 Both set up a fresh store database of their own (``agentpost_demo``,
-``agentpost_demo_headless``: `agentpost.demo_store`) by applying the DAGs folder's fleet.yaml
+``agentpost_demo_headless``: `agentpost.demo.store`) by applying the DAGs folder's fleet.yaml
 (what `agentpost fleet apply` does), sign the trail with a generated key unless
-AGENTPOST_TRAIL_KEY is set, and play the scenarios of `agentpost.demo_scenarios` in the same
+AGENTPOST_TRAIL_KEY is set, and play the scenarios of `agentpost.demo.scenarios` in the same
 order; a person of the demo (``dana``) answers every command that waits for a confirmation
 through the human highway, as someone at `agentpost command confirm` would.
 The summary lists each run with its outcome, the checks made in the store and the trail.
@@ -13,9 +13,9 @@ The exit code is 0 only when every run ended as expected (a run of a DAG tagged
 
 - `run_airflow_demo`: `airflow standalone` through `AirflowRuntime`, driven over REST
   (`RestRunner`); keeps running until Ctrl-C, which stops every process started. While it
-  runs, its store is published where the CLI finds it (`agentpost.demo_store`).
+  runs, its store is published where the CLI finds it (`agentpost.demo.store`).
 - `run_headless_demo`: no servers; `dag.test()` in one child process with its own
-  AIRFLOW_HOME and SQLite metadata (`ChildRunner`, `agentpost.airflow_demo_child`).
+  AIRFLOW_HOME and SQLite metadata (`ChildRunner`, `agentpost.demo.child`).
 """
 
 from __future__ import annotations
@@ -35,17 +35,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from agentpost.airflow_demo_child import DSN_VAR
-from agentpost.airflow_runtime import (
-    SPARK_LOCAL,
-    TERMINAL_RUN_STATES,
-    AirflowClient,
-    AirflowRuntime,
-    connection_json,
-    private_environment,
-    wait_until,
-)
-from agentpost.demo_scenarios import (
+from agentpost.demo.child import DSN_VAR
+from agentpost.demo.scenarios import (
     EXAMPLE_PREFIX,
     EXAMPLE_TAG,
     FLEET_FILE,
@@ -56,7 +47,7 @@ from agentpost.demo_scenarios import (
     is_example,
     load_demo_fleet,
 )
-from agentpost.demo_store import (
+from agentpost.demo.store import (
     AIRFLOW_DATABASE,
     HEADLESS_DATABASE,
     demo_home,
@@ -70,6 +61,15 @@ from agentpost.pg.bootstrap import create_database, find_server
 from agentpost.pg.migrations import migrate
 from agentpost.pg.server import find_repo_root, redact_dsn
 from agentpost.protocol.errors import AgentpostError, InvalidInput, one_line
+from agentpost.standalone import (
+    SPARK_LOCAL,
+    TERMINAL_RUN_STATES,
+    AirflowClient,
+    AirflowRuntime,
+    connection_json,
+    private_environment,
+    wait_until,
+)
 from agentpost.store import CommandLedger, EnvelopeStore
 
 __all__ = ["DemoPerson", "Outcome", "apply_demo_fleet", "is_example", "prepare_store",
@@ -77,7 +77,7 @@ __all__ = ["DemoPerson", "Outcome", "apply_demo_fleet", "is_example", "prepare_s
 
 DEMO_DATABASE = AIRFLOW_DATABASE
 PERSON = "dana"
-#: the child's line protocol (agentpost.airflow_demo_child)
+#: the child's line protocol (agentpost.demo.child)
 MARK = "AGENTPOST-"
 RUN_TIMEOUT = 600.0
 #: a reactive agent's inbox is read once it stayed empty, with no run going, this long
@@ -211,7 +211,7 @@ def _play(runner: Any, dsn: str, dags: dict[str, set[str]], folder: Path) -> int
 def run_airflow_demo(dsn: str | None = None, *, keep_running: bool = True,
                      dags_folder: Path | None = None, home: Path | None = None) -> int:
     """`make demo`: the scenarios on `airflow standalone`, then wait for Ctrl-C. Its store
-    is published for the CLI (`agentpost.demo_store`) until it stops."""
+    is published for the CLI (`agentpost.demo.store`) until it stops."""
     _interrupt_on_signals()
     folder = dags_folder_of(dags_folder)
     had_key = bool(os.environ.get("AGENTPOST_TRAIL_KEY"))
@@ -419,7 +419,7 @@ def _keep_answering(person: DemoPerson, stop: threading.Event) -> None:
 
 
 class ChildRunner:
-    """`Runner` under `dag.test()`: one child process (agentpost.airflow_demo_child) loads
+    """`Runner` under `dag.test()`: one child process (agentpost.demo.child) loads
     the DAGs folder once and runs what it is sent, one JSON line per command.
 
     Without a triggerer or scheduler, the child plays their part for event-driven DAGs: it
@@ -449,7 +449,7 @@ class ChildRunner:
         })
         commands_r, commands_w = os.pipe()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agentpost.airflow_demo_child", str(self.folder),
+            [sys.executable, "-m", "agentpost.demo.child", str(self.folder),
              str(commands_r)], env=env, cwd=self.home, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(commands_r,))
         os.close(commands_r)
