@@ -32,7 +32,7 @@ from airflow.triggers.base import BaseTrigger
 import agentpost.triggers
 from agentpost.provider_info import get_provider_info
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 #: stored path -> the path of the object it must be (its home today)
 STORED = {
