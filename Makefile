@@ -35,6 +35,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 test: venv
 	$(BIN)/ruff check .
+	# the layering of docs/design.md, as the contracts in pyproject.toml state it
+	$(BIN)/lint-imports --no-cache
 	# tests/system/test_docker_compose.py runs `docker-compose config`: installed here when missing
 	sh docker/ensure-compose-tool.sh
 	# tests/system/test_web_browser.py drives headless Chromium: installed here when missing
@@ -45,6 +47,7 @@ test: venv
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 # sql/schema.sql, the schema all the migrations add up to, dumped from a scratch database on
 # the discovered Postgres: run it after adding a migration (tests/store/test_schema_sql.py fails

@@ -94,7 +94,9 @@ def dsn_from_connection(conn: Connection, extra: dict[str, Any]) -> str:
     return f"postgresql://{auth}{_host(conn.host)}{port}{database}{query}"
 
 
-def _from_environment(conn_id: str) -> StoreTarget:
+def target_from_environment(conn_id: str) -> StoreTarget:
+    """The store AGENTPOST_DSN names, for when connection `conn_id` is not defined (the hook
+    and the UI page fall back to it alike)."""
     dsn = os.environ.get("AGENTPOST_DSN")
     if not dsn:
         raise ConfigurationError(
@@ -138,7 +140,7 @@ class AgentpostHook(BaseHook):
             try:
                 conn = self.get_connection(self.agentpost_conn_id)
             except AirflowNotFoundException:
-                self._target = _from_environment(self.agentpost_conn_id)
+                self._target = target_from_environment(self.agentpost_conn_id)
             else:
                 self._target = self._target_of(conn, conn.extra_dejson)
         return self._target
@@ -150,7 +152,7 @@ class AgentpostHook(BaseHook):
             try:
                 conn = await self.aget_connection(self.agentpost_conn_id)
             except AirflowNotFoundException:
-                self._target = _from_environment(self.agentpost_conn_id)
+                self._target = target_from_environment(self.agentpost_conn_id)
             else:
                 self._target = self._target_of(conn, await conn.aextra_dejson())
         return self._target

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from agentpost.hooks.agentpost import StoreTarget, _from_environment, dsn_from_connection
+from agentpost.hooks.agentpost import StoreTarget, dsn_from_connection, target_from_environment
 from agentpost.store import EnvelopeStore
 
 CONN_ID = "agentpost_default"
@@ -64,7 +64,7 @@ def _configured_target() -> StoreTarget:
 
         conn = Connection.get_connection_from_secrets(CONN_ID)
     except Exception:  # not defined, or no metadata database here at all
-        return _from_environment(CONN_ID)
+        return target_from_environment(CONN_ID)
     extra = conn.extra_dejson
     key = extra.get("trail_key")
     return StoreTarget(dsn=dsn_from_connection(conn, extra),
