@@ -50,7 +50,7 @@ lint: venv
 	$(BIN)/lint-imports --no-cache
 
 # sql/schema.sql, the schema all the migrations add up to, dumped from a scratch database on
-# the discovered Postgres: run it after adding a migration (tests/store/test_schema_sql.py fails
+# the discovered Postgres: run it after adding a migration (tests/pg/test_schema_sql.py fails
 # until the file matches).
 schema: venv
 	$(BIN)/python -m agentpost.pg.schema_dump --sql-dir sql

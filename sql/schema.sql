@@ -5,7 +5,7 @@
 -- by hand. The numbered files beside it are the migrations, the deltas a store
 -- applies once each and that are never edited; this file is their sum, the current
 -- truth, to read and to review. Change the schema with a new migration, then run
--- `make schema`: tests/store/test_schema_sql.py migrates an empty database and fails
+-- `make schema`: tests/pg/test_schema_sql.py migrates an empty database and fails
 -- when the result differs from this file. It is no migration and is never applied
 -- (the runner loads only <number>_<name>.sql); a store is made by `agentpost migrate`.
 --

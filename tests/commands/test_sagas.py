@@ -482,7 +482,7 @@ def test_resume_continues_an_interrupted_compensation(
     assert store.verify_trail().ok
 
 
-# -- a real process killed mid-compensation (spawned; see tests/protocol/test_crash_safety.py) --
+# -- a real process killed mid-compensation (spawned; see tests/store/test_crash_safety.py) --
 
 
 def _doomed_workspace(store: EnvelopeStore) -> None:

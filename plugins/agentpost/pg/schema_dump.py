@@ -5,7 +5,7 @@ one file shows what a store runs. This module migrates an empty database one fil
 noting which migration last defined each function, dumps the schema with ``pg_dump`` and
 normalises the dump so that it is the same on every run and machine of one PostgreSQL major
 version. ``make schema`` (``python -m agentpost.pg.schema_dump``) writes the file;
-tests/store/test_schema_sql.py fails when a fresh migration no longer gives it.
+tests/pg/test_schema_sql.py fails when a fresh migration no longer gives it.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def render(migrations: Sequence[Migration], routines: Sequence[Routine], major: 
         "-- by hand. The numbered files beside it are the migrations, the deltas a store",
         "-- applies once each and that are never edited; this file is their sum, the current",
         "-- truth, to read and to review. Change the schema with a new migration, then run",
-        "-- `make schema`: tests/store/test_schema_sql.py migrates an empty database and fails",
+        "-- `make schema`: tests/pg/test_schema_sql.py migrates an empty database and fails",
         "-- when the result differs from this file. It is no migration and is never applied",
         "-- (the runner loads only <number>_<name>.sql); a store is made by `agentpost migrate`.",
         "--",
