@@ -306,6 +306,21 @@ def test_a_waiting_command_defers_or_fails_the_try(desk: EnvelopeStore, dsn: str
 
 # -- the operator in a DAG run -------------------------------------------------------------------
 
+#: the end of every DAG file these tests write: run `the_dag` under dag.test() and print each
+#: task's state and try number on one AGENTPOST-RESULT line (read by run_dag)
+RUN_THE_DAG = '''
+if __name__ == "__main__":
+    import json
+
+    from airflow.utils.db import initdb
+
+    initdb()
+    run = the_dag.test()
+    states = {ti.task_id: [str(ti.state), ti.try_number] for ti in run.get_task_instances()}
+    print("AGENTPOST-RESULT " + json.dumps({"run": str(run.state), "tasks": states}),
+          flush=True)
+'''
+
 DAG_FILE = '''
 """Written by tests/airflow/test_airflow_commands.py: side effects through CommandOperator."""
 import json
@@ -391,16 +406,7 @@ def command_test():
 
 
 the_dag = command_test()
-
-if __name__ == "__main__":
-    from airflow.utils.db import initdb
-
-    initdb()
-    run = the_dag.test()
-    states = {ti.task_id: [str(ti.state), ti.try_number] for ti in run.get_task_instances()}
-    print("AGENTPOST-RESULT " + json.dumps({"run": str(run.state), "tasks": states}),
-          flush=True)
-'''
+''' + RUN_THE_DAG
 
 
 def run_dag(tmp_path: Path, dsn: str, source: str, name: str,
@@ -581,18 +587,7 @@ def test_the_example_dag_runs(desk: EnvelopeStore, dsn: str, tmp_path: Path) -> 
     example = EXAMPLE.read_text()
     documented = example[example.index("from __future__ import annotations"):]
     assert documented in (ROOT / "docs" / "airflow.md").read_text(), "docs/airflow.md is stale"
-    source = example + '''
-
-if __name__ == "__main__":
-    import json
-    from airflow.utils.db import initdb
-
-    initdb()
-    run = agentpost_command_example().test()
-    states = {ti.task_id: [str(ti.state), ti.try_number] for ti in run.get_task_instances()}
-    print("AGENTPOST-RESULT " + json.dumps({"run": str(run.state), "tasks": states}),
-          flush=True)
-'''
+    source = example + "\nthe_dag = agentpost_command_example()\n" + RUN_THE_DAG
     with person(dsn, {"airflow/agentpost_command_example/charge_card/": "confirm"}) as decided:
         result, output = run_dag(tmp_path, dsn, source, "agentpost_command_example.py")
     assert result["tasks"] == {"book_room": ["success", 1], "charge_card": ["success", 1],

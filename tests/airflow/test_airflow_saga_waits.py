@@ -19,7 +19,7 @@ from agentpost.command_triggers import CommandTrigger
 from agentpost.operators import SagaStepOperator
 from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
-from test_airflow_commands import commands, lines, person, run_dag
+from test_airflow_commands import RUN_THE_DAG, commands, lines, person, run_dag
 from test_airflow_inbox import CONN_VAR, connection_json
 from test_airflow_operators import StandInTI
 
@@ -71,16 +71,7 @@ def saga_wait_test():
 
 
 the_dag = saga_wait_test()
-
-if __name__ == "__main__":
-    from airflow.utils.db import initdb
-
-    initdb()
-    run = the_dag.test()
-    states = {ti.task_id: [str(ti.state), ti.try_number] for ti in run.get_task_instances()}
-    print("AGENTPOST-RESULT " + json.dumps({"run": str(run.state), "tasks": states}),
-          flush=True)
-'''
+''' + RUN_THE_DAG
 
 
 @pytest.mark.slow
