@@ -1,6 +1,7 @@
 """Airflow provider metadata (entry point `apache_airflow_provider`): the connection type
 `agentpost` and the modules holding the provider's hooks, operators, sensors, triggers and
-extra links.
+extra links, and the common-messaging queue provider (``MessageQueueTrigger(scheme=
+"agentpost")``).
 
 Modules are listed, not classes, as Airflow's own providers list them. Every module of the
 installed package that defines one of these classes must appear under its kind:
@@ -30,6 +31,10 @@ TRIGGER_MODULES = ["agentpost.triggers.base", "agentpost.triggers.commands",
 EXTRA_LINKS = ["agentpost.web.links.CommandLink", "agentpost.web.links.EnvelopeLink",
                "agentpost.web.links.MarkLink", "agentpost.web.links.RouteLink",
                "agentpost.web.links.TrailAnalyticsLink"]
+#: class paths of common-messaging's BaseMessageQueueProvider subclasses: the `agentpost`
+#: scheme of ``MessageQueueTrigger`` (the module needs the `ai` extra; without it Airflow
+#: skips the entry as an optional feature)
+QUEUES = ["agentpost.triggers.messaging.AgentpostMessageQueueProvider"]
 #: the project's documentation, as paths in the repository (Airflow's "how-to-guide" form)
 DOCS = ["/docs/airflow.md", "/docs/api.md", "/docs/design.md"]
 
@@ -58,6 +63,7 @@ def get_provider_info() -> dict[str, Any]:
         "sensors": _modules(SENSOR_MODULES),
         "triggers": _modules(TRIGGER_MODULES),
         "extra-links": list(EXTRA_LINKS),
+        "queues": list(QUEUES),
         "connection-types": [{
             "hook-class-name": "agentpost.hooks.AgentpostHook",
             "hook-name": "agentpost",

@@ -1,10 +1,12 @@
 """The distribution registers itself as an Airflow provider, and its provider info is complete.
 
-Airflow finds the `agentpost` connection type, its hook and the listed modules through the
-entry point; and every hook, operator, sensor, trigger and extra link the installed package
-defines sits in a module the provider info lists under its kind (so a module added on another
-branch and not listed fails here, by name). Package walks and Airflow's discovery run in a
-subprocess with a throwaway AIRFLOW_HOME, so this process's Airflow config stays untouched.
+Airflow finds the `agentpost` connection type, its hook, the listed modules and the
+common-messaging queue provider through the entry point; and every hook, operator, sensor,
+trigger, extra link and queue provider the installed package defines sits in a module (or,
+for links and queues, at a class path) the provider info lists under its kind (so a module
+added on another branch and not listed fails here, by name). Package walks and Airflow's
+discovery run in a subprocess with a throwaway AIRFLOW_HOME, so this process's Airflow config
+stays untouched.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ print(json.dumps({
     "hook": hook.hook_class_name if hook else None,
     "triggers": sorted(t.trigger_class_name for t in pm.trigger
                        if t.package_name == "airflow-agentpost"),
+    "queues": [q for q in pm.queue_class_names if q.startswith("agentpost.")],
 }))
 """
 
@@ -44,6 +47,12 @@ from airflow.triggers.base import BaseTrigger
 
 KINDS = [("sensors", BaseSensorOperator), ("operators", BaseOperator),
          ("triggers", BaseTrigger), ("hooks", BaseHook), ("extra-links", BaseOperatorLink)]
+try:  # common-messaging's queue providers (the ai extra)
+    from airflow.providers.common.messaging.providers.base_provider import (
+        BaseMessageQueueProvider)
+    KINDS.append(("queues", BaseMessageQueueProvider))
+except ImportError:
+    pass
 found, broken, modules = [], {}, set()
 for root in ("agentpost", "agentpost.operators"):
     package = importlib.import_module(root)
@@ -65,6 +74,8 @@ print(json.dumps({"found": found, "broken": broken, "modules": sorted(modules)})
 """
 
 MODULE_KINDS = ("hooks", "operators", "sensors", "triggers")
+#: kinds the provider info lists by class path, not by module
+CLASS_KINDS = ("extra-links", "queues")
 
 
 def run_probe(script: str, home: Path) -> Any:
@@ -130,14 +141,15 @@ def test_every_provider_class_is_listed(walk: dict[str, Any]) -> None:
     missing = []
     for item in walk["found"]:
         kind, module = item["kind"], item["module"]
-        if kind == "extra-links":
-            if f"{module}.{item['class']}" not in info["extra-links"]:
-                missing.append(f'"extra-links": {module}.{item["class"]}')
+        if kind in CLASS_KINDS:
+            if f"{module}.{item['class']}" not in info[kind]:
+                missing.append(f'"{kind}": {module}.{item["class"]}')
         elif module not in listed(info, kind):
             missing.append(f'"{kind}": {module} (defines {item["class"]})')
     assert not missing, ("add to agentpost/provider_info.py:\n  " + "\n  ".join(missing))
     kinds = {item["kind"] for item in walk["found"]}
-    assert {"hooks", "operators", "sensors", "triggers"} <= kinds, "the walk found nothing"
+    assert {"hooks", "operators", "sensors", "triggers", "queues"} <= kinds, (
+        "the walk found nothing")
 
 
 def test_no_listed_module_is_stale(walk: dict[str, Any]) -> None:
@@ -147,13 +159,16 @@ def test_no_listed_module_is_stale(walk: dict[str, Any]) -> None:
     defines = {(item["kind"], item["module"]) for item in walk["found"]}
     stale = [f'"{kind}": {module}' for kind in MODULE_KINDS for module in listed(info, kind)
              if (kind, module) not in defines]
-    links = {f"{i['module']}.{i['class']}" for i in walk["found"] if i["kind"] == "extra-links"}
-    stale += [f'"extra-links": {link}' for link in info["extra-links"] if link not in links]
+    for kind in CLASS_KINDS:
+        classes = {f"{i['module']}.{i['class']}" for i in walk["found"] if i["kind"] == kind}
+        stale += [f'"{kind}": {path}' for path in info[kind] if path not in classes]
     assert not stale, "listed but defining nothing of that kind:\n  " + "\n  ".join(stale)
 
 
 def test_airflow_discovers_the_provider(tmp_path: Path) -> None:
     found = run_probe(PROBE, tmp_path)
     assert found == {"provider": True, "hook": "agentpost.hooks.AgentpostHook",
-                     "triggers": sorted(listed(get_provider_info(), "triggers"))}
+                     "triggers": sorted(listed(get_provider_info(), "triggers")),
+                     "queues": sorted(get_provider_info()["queues"])}
+    assert found["queues"], "no queue provider discovered"
     assert found["triggers"], "no trigger module discovered"

@@ -3,9 +3,10 @@
 Airflow keeps a deferred task's trigger in its metadata database as the class path the
 trigger's `serialize()` returned, and the triggerer imports that path again, possibly after an
 upgrade moved the code; serialized DAGs name operators and their extra links by class path;
-an installed distribution's metadata names our entry points. A module moved without a shim at
-its old path strands whatever was stored under it, and nothing else in the suite notices
-until a triggerer fails on a stored row.
+an installed distribution's metadata names our entry points, and the provider info its
+common-messaging queue provider. A module moved without a shim at its old path strands
+whatever was stored under it, and nothing else in the suite notices until a triggerer fails
+on a stored row.
 
 `STORED` is every path we know may be stored somewhere, with the class it must resolve to
 (named by its home). Old paths stay in it for good (`agentpost.command_triggers`, where
@@ -51,6 +52,9 @@ STORED = {
     "agentpost.web.links.MarkLink": "agentpost.web.links.MarkLink",
     "agentpost.web.links.RouteLink": "agentpost.web.links.RouteLink",
     "agentpost.web.links.TrailAnalyticsLink": "agentpost.web.links.TrailAnalyticsLink",
+    # common-messaging queue providers (provider info "queues", read by Airflow at discovery)
+    "agentpost.triggers.messaging.AgentpostMessageQueueProvider":
+        "agentpost.triggers.messaging.AgentpostMessageQueueProvider",
     # entry points, as installed metadata names them (module:attribute)
     "agentpost.provider_info:get_provider_info": "agentpost.provider_info.get_provider_info",
     "agentpost.web.plugin:AgentpostPlugin": "agentpost.web.plugin.AgentpostPlugin",
@@ -139,3 +143,24 @@ def test_every_entry_point_is_stored() -> None:
     assert targets
     for target in targets:
         assert target in STORED, f"entry point {target}: add it to STORED"
+
+
+def test_every_queue_provider_is_stored_and_its_trigger_serializes_to_a_stored_path() -> None:
+    """The provider info's queue providers (MessageQueueTrigger's scheme lookup) are in
+    STORED, and the trigger each one builds, what Airflow stores for a watcher written as
+    ``MessageQueueTrigger(scheme=...)``, serializes to a stored path that rebuilds it."""
+    from airflow.providers.common.messaging.providers.base_provider import (
+        BaseMessageQueueProvider,
+    )
+
+    queues = get_provider_info()["queues"]
+    assert queues
+    for path in queues:
+        assert path in STORED, f"queue provider {path}: add it to STORED"
+        provider = resolve(path)()
+        assert isinstance(provider, BaseMessageQueueProvider)
+        cls = provider.trigger_class()
+        classpath, kwargs = cls(**SAMPLES[cls.__name__]).serialize()
+        assert classpath in STORED and resolve(classpath) is cls
+        assert resolve(classpath)(**json.loads(json.dumps(kwargs))).serialize() == (
+            classpath, kwargs)

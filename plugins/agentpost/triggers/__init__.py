@@ -5,8 +5,11 @@ that no longer waits), `replies` (the answer to an envelope), `needs` (a Markspa
 resolved), `verdicts` (a deferred-resolution boundary's verdict), and `events`
 (`InboxEventTrigger`, the BaseEventTrigger that starts a DAG run per envelope arriving in an
 inbox, for asset watchers); `base` holds what they share (`StoreTrigger`, `WatchTrigger`,
-their helpers). Every trigger is importable from here; ``agentpost.triggers.InboxTrigger`` is
-also the classpath InboxTrigger serializes to, as it always has.
+their helpers). `messaging` (the `agentpost` scheme of common-messaging's
+MessageQueueTrigger, which builds InboxEventTrigger) is not imported here: it needs the `ai`
+extra, and Airflow loads it from the provider info's `queues`. Every trigger is importable
+from here; ``agentpost.triggers.InboxTrigger`` is also the classpath InboxTrigger serializes
+to, as it always has.
 """
 
 from agentpost.triggers.base import (

@@ -175,13 +175,23 @@ class InboxEventTrigger(StoreAccess, BaseEventTrigger):
         database session is reported again anyway (its host lost without closing the
         connection). Keep it above ``[triggerer] shared_stream_ack_timeout`` (300 s), or a
         slow but live triggerer's arrivals are reported twice.
+
+    Any other keyword is an error: Airflow's BaseTrigger would swallow it silently, and
+    ``MessageQueueTrigger(scheme="agentpost", ...)`` (`agentpost.triggers.messaging`) hands
+    every keyword it gets to this class, so a misspelt one (``conn_id=``) would otherwise
+    watch with the default.
     """
 
     def __init__(self, workspace_id: str, agentpost_conn_id: str = AgentpostHook.default_conn_name,
                  watcher: str | None = None, poll_interval: float = 30.0,
                  dsn: str | None = None, min_interval: float = 2.0,
                  claim_timeout: float = DEFAULT_CLAIM_TIMEOUT, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        if kwargs:
+            raise TypeError(f"InboxEventTrigger got unexpected keyword argument(s) "
+                            f"{', '.join(sorted(kwargs))}; it takes workspace_id, "
+                            "agentpost_conn_id, watcher, poll_interval, min_interval, "
+                            "claim_timeout and dsn")
+        super().__init__()
         self.workspace_id = workspace_of(workspace_id)
         self.agentpost_conn_id = self.conn_id = agentpost_conn_id
         self.watcher = _ref(watcher or f"inbox:{self.workspace_id}", "watcher")
