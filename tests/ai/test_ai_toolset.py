@@ -157,3 +157,50 @@ def test_importing_agentpost_ai_without_the_extra_says_how_to_install(tmp_path: 
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode != 0
     assert "pip install 'airflow-agentpost[ai]'" in proc.stderr
+
+
+def test_a_guarded_tool_runs_only_on_allow_and_writes_its_action(office: EnvelopeStore,
+                                                                  dsn: str) -> None:
+    """A user tool wrapped by `guarded`: on a resource another agent holds (CONFLICT) it is
+    not called and the model reads the verdict; on a free one it runs and its action mark is
+    written after it, as the seat's agent."""
+    from pydantic_ai.toolsets import FunctionToolset
+
+    from agentpost.marks.postgres import PostgresMarkSpace
+    from agentpost.tools import AgentTools
+    from ai_support import agent as mark_agent
+
+    deployed: list[str] = []
+
+    def deploy(service: str) -> str:
+        """Deploy a service."""
+        deployed.append(service)
+        return f"{service} deployed"
+
+    with PostgresMarkSpace(dsn=dsn, scopes=SCOPES, space="ai") as space:
+        rival = AgentTools(office, workspace_id="w2", marks=space, agent=mark_agent("rival"))
+        held = rival.call("claim", {"scope": "deploys", "resource": "api",
+                                    "action": "deploy", "confidence": 0.9})
+        assert held["allowed"]
+        rival.guarded_call(lambda: "done", scope="deploys", resource="api",
+                           intent_action="deploy", result_action="deployed", confidence=0.9)
+
+        seat = AgentpostToolset("w1", space="ai", scopes=SCOPES, agent="w1-agent")
+        guarded = seat.guarded(FunctionToolset([deploy]), scope="deploys",
+                               resource=lambda _name, args: args["service"],
+                               intent_action="deploy", result_action="deployed",
+                               confidence=0.3)
+        seen: dict[str, Any] = {}
+        steps = [[ToolCallPart("deploy", {"service": "api"}, tool_call_id="d1")],
+                 [ToolCallPart("deploy", {"service": "web"}, tool_call_id="d2")]]
+        assert Agent(scripted(steps, seen), toolsets=[seat, guarded]).run_sync("go").output \
+            == "done"
+        assert deployed == ["web"]
+        retry = [r for r in seen["retries"] if r.tool_name == "deploy"]
+        assert retry and "CONFLICT" in str(retry[0].content) and "'api'" in str(retry[0].content)
+        assert [r.content for r in seen["returns"] if r.tool_name == "deploy"] == ["web deployed"]
+        actions = [m for m in space.read("deploys", resource="web")
+                   if m.mark_type.value == "action"]
+        assert [(a.action, a.result) for a in actions] == [("deployed", {"value": "web deployed"})]
+        me = seat._agent().id
+        assert actions[0].agent_id == me

@@ -11,6 +11,6 @@ except ImportError as exc:  # pragma: no cover - exercised by a test with the im
         "agentpost.ai needs Airflow's common-ai provider and pydantic-ai: "
         "pip install 'airflow-agentpost[ai]'") from exc
 
-from agentpost.ai.toolset import AgentpostToolset, run_info
+from agentpost.ai.toolset import AgentpostToolset, GuardedToolset, run_info
 
-__all__ = ["AgentpostToolset", "run_info"]
+__all__ = ["AgentpostToolset", "GuardedToolset", "run_info"]

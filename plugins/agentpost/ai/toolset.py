@@ -10,14 +10,17 @@ every call is the task instance (`run_info`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.common.ai.utils.toolset_base import AirflowToolset
 from pydantic import BaseModel
 from pydantic_ai.exceptions import ModelRetry
 from pydantic_ai.tools import ToolDefinition
-from pydantic_ai.toolsets.abstract import ToolsetTool
+from pydantic_ai.toolsets.abstract import AbstractToolset, ToolsetTool
+from pydantic_ai.toolsets.wrapper import WrapperToolset
 
 from agentpost.hooks import AgentpostHook
 from agentpost.marks import Agent, MarkType, Scope
@@ -172,5 +175,60 @@ class AgentpostToolset(AirflowToolset):
         except ToolRefused as exc:
             raise ModelRetry(exc.reason) from None
 
+    def guarded(self, toolset: AbstractToolset[Any], *, scope: str,
+                resource: str | Callable[[str, dict[str, Any]], str], intent_action: str,
+                result_action: str, confidence: float = 0.5) -> GuardedToolset:
+        """`toolset` whose every tool runs only on the guard's ALLOW for (`scope`,
+        `resource`), as this seat's mark-space agent, with the action mark `result_action`
+        written after it (`Guard.execute`). `resource` is a name, or a function of the tool
+        name and its arguments. Any other verdict reaches the model as a ModelRetry naming
+        the verdict and the reason; the tool is not called. Needs `space`; the seat's
+        templated fields are not rendered through the wrapper (give it literal values)."""
+        if self.space is None:
+            raise ValueError("guarded tools need a mark space (space=...)")
+        return GuardedToolset(wrapped=toolset, seat=self, scope=scope, resource=resource,
+                              intent_action=intent_action, result_action=result_action,
+                              confidence=confidence)
 
-__all__ = ["AgentpostToolset", "run_info"]
+
+@dataclass
+class GuardedToolset(WrapperToolset[Any]):
+    """See `AgentpostToolset.guarded`."""
+
+    seat: AgentpostToolset | None = None
+    scope: str = ""
+    resource: str | Callable[[str, dict[str, Any]], str] = ""
+    intent_action: str = ""
+    result_action: str = ""
+    confidence: float = 0.5
+
+    async def __aexit__(self, *args: Any) -> bool | None:
+        try:
+            return await super().__aexit__(*args)
+        finally:
+            if self.seat is not None:
+                await self.seat.__aexit__(*args)
+
+    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any],
+                        tool: ToolsetTool[Any]) -> Any:
+        assert self.seat is not None
+        seat = await self.seat.run_blocking(self.seat._open)
+        resource = (self.resource(name, tool_args) if callable(self.resource)
+                    else self.resource)
+        loop = asyncio.get_running_loop()
+
+        def run_tool() -> Any:  # in the guard's thread, under the resource's lock
+            return asyncio.run_coroutine_threadsafe(
+                self.wrapped.call_tool(name, tool_args, ctx, tool), loop).result()
+
+        try:
+            # not run_blocking: the wrapped tool may use it, and its lock is process-wide
+            return await asyncio.to_thread(
+                seat.guarded_call, run_tool, scope=self.scope, resource=resource,
+                intent_action=self.intent_action, result_action=self.result_action,
+                confidence=self.confidence)
+        except ToolRefused as exc:
+            raise ModelRetry(exc.reason) from None
+
+
+__all__ = ["AgentpostToolset", "GuardedToolset", "run_info"]

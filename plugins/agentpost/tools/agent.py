@@ -458,6 +458,22 @@ class AgentTools:
             winning_agent=str(winner.agent_id) if winner is not None and winner.agent_id
             else None)
 
+    def guarded_call(self, fn: Callable[[], Any], *, scope: str, resource: str,
+                     intent_action: str, result_action: str, confidence: float = 0.5) -> Any:
+        """`fn()` only on the guard's ALLOW for (scope, resource), as this agent, with the
+        action mark `result_action` written after it (`Guard.execute`: check, call and
+        record under the resource's lock). Any other verdict is a ToolRefused naming it and
+        its reason, `fn` not called. An exception of `fn` is recorded as a failed action and
+        raised as it is."""
+        _, agent, guard = self._space()
+        with refusals():
+            decision, result = guard.execute(agent, scope, resource, intent_action,
+                                             result_action, fn, confidence)
+        if decision.verdict is not GuardVerdict.ALLOW:
+            raise ToolRefused(f"the guard answered {decision.verdict.name} for {resource!r} "
+                              f"in {scope!r}: {decision.reason}")
+        return result
+
     # ---- commands ----------------------------------------------------------------------
 
     def submit_command(self, args: SubmitCommandArgs, *, call_id: str | None = None
