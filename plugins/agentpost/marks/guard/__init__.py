@@ -101,73 +101,37 @@ Readings chosen where the spec leaves room (docs/design.md repeats them):
   (P58), accepted or not.
 """
 
-# Every name the guard's single module had stays importable from here (its sections import
-# what they use themselves): the imports below are re-exports.
-# ruff: noqa: F401
+# What the guard's single module exported stays importable from here: its `__all__`, the
+# names it re-exported on purpose (the package's), and its public constants (`__all__` below).
 
 from __future__ import annotations
 
-import hmac
-import json
 import threading
 import uuid
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import suppress
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any
-from uuid import UUID, uuid4, uuid5
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+from uuid import UUID, uuid4
 
-from pydantic import BaseModel, ConfigDict
-
-from agentpost.marks import core as _core
 from agentpost.marks.barrier import AgentBarrier, BarrierSnapshot
 from agentpost.marks.budget import (
-    BudgetDimension,
     BudgetLedger,
-    BudgetStatus,
-    BudgetUsage,
-    TokenBudget,
+    BudgetTracker,
 )
-from agentpost.marks.budget import BudgetTracker as BudgetTracker
-from agentpost.marks.budget import truncate_to_budget as _truncate
 from agentpost.marks.core import (
-    Action,
     Agent,
-    ConflictPolicy,
-    DecayConfig,
-    DeferredVerdict,
-    Intent,
+    AnyMark,
     InvalidArgument,
-    InvalidMark,
-    Mark,
-    MarkspaceError,
     MarkType,
-    Need,
-    Observation,
-    Scope,
-    Severity,
-    Warning,
-    authorize_write,
-    check_content_size,
-    freeze_json,
-    json_bytes,
-    revalidate,
-    winning_intent,
+    QuotaExceededError,
+    ScopeError,
+    ValidationError,
+    hours,
+    resolve_conflict,
 )
-from agentpost.marks.core import AnyMark as AnyMark
-from agentpost.marks.core import QuotaExceededError as QuotaExceededError
-from agentpost.marks.core import ScopeError as ScopeError
-from agentpost.marks.core import ValidationError as ValidationError
-from agentpost.marks.core import hours as hours
-from agentpost.marks.core import resolve_conflict as resolve_conflict
-from agentpost.marks.envelope import EnvelopeVerdict, Finding, StatisticalEnvelope
+from agentpost.marks.envelope import StatisticalEnvelope
 from agentpost.marks.guard.admission import _PreAction
 from agentpost.marks.guard.budgets import _Budgets
 from agentpost.marks.guard.common import (
-    _FLAG_LOCK,
-    _REJECTIONS,
     ACTIVE,
     CONTENT_FLAG_TOPIC,
     EVENT_CONTENT_POLICY,
@@ -192,61 +156,21 @@ from agentpost.marks.guard.common import (
     ToolFn,
     Verdict,
     WriteRejected,
-    _Admission,
-    _agents_in_order,
-    _Board,
-    _bound,
-    _budget_of,
-    _call,
     _checked_policies,
-    _denied,
-    _failure,
-    _latest,
-    _policy_name,
-    _Refusal,
-    _require_agent,
-    _rewritten,
-    _same_plan,
-    _same_request,
-    _same_token,
-    _ScopeError,
-    _Screened,
-    _verb_allowed,
-    _verdicts,
-    _write_order,
     as_result,
 )
 from agentpost.marks.guard.deferred import _Deferred
 from agentpost.marks.guard.execution import _Execution
 from agentpost.marks.guard.reads import _Reads
 from agentpost.marks.guard.writes import _Writes
-from agentpost.marks.keys import KeyRecord, UnsettledCall, check_key, check_same
-from agentpost.marks.rate_limit import RateDecision, RateLimiter
-from agentpost.marks.rate_limit import RateLimitTracker as RateLimitTracker
-from agentpost.marks.space import MarkSpace as MarkSpace
+from agentpost.marks.rate_limit import RateLimiter, RateLimitTracker
+from agentpost.marks.space import MarkSpace
 from agentpost.marks.telemetry import (
-    ACTIVE_MARKS,
-    BUDGET_REMAINING,
-    CONFLICTS_RESOLVED,
-    EVENT_EXECUTE,
-    EVENT_PRE_ACTION,
-    EVENT_RESOLVE_DEFERRED,
-    EVENT_RESTRICTION,
-    EVENT_ROUND,
-    EVENT_SYSTEM_WRITE_FAILED,
-    EVENT_WRITE_MARK,
-    MARKS_READ,
-    MARKS_WRITTEN,
-    NEEDS_PENDING,
-    ROUND_DURATION,
-    TOKENS_INPUT,
-    TOKENS_OUTPUT,
-    TOTAL_MARKS,
     Emitter,
     NullSink,
+    TelemetryEvent,
     TelemetrySink,
 )
-from agentpost.marks.telemetry import TelemetryEvent as TelemetryEvent
 
 if TYPE_CHECKING:
     from agentpost.marks.core import AnyMark
@@ -349,10 +273,18 @@ class Guard(_PreAction, _Deferred, _Execution, _Writes, _Budgets, _Reads):
 
 __all__ = [
     "ACTIVE",
+    "CONTENT_FLAG_TOPIC",
+    "EVENT_CONTENT_POLICY",
+    "SUPERSEDED_TOPIC",
     "SYSTEM_AGENT_ID",
+    "SYSTEM_AGENT_NAME",
+    "SYSTEM_DECAY",
     "SYSTEM_SCOPE",
+    "SYSTEM_TYPES",
+    "AnyMark",
     "BarrierDenied",
     "BudgetExhausted",
+    "BudgetTracker",
     "ContentPolicy",
     "ContentPolicyError",
     "EnvelopeRestricted",
@@ -361,10 +293,19 @@ __all__ = [
     "GuardDecision",
     "GuardVerdict",
     "GuardedMarkType",
+    "MarkSpace",
     "PolicyResult",
     "PolicyVerdict",
+    "QuotaExceededError",
+    "RateLimitTracker",
     "RateLimited",
+    "ScopeError",
+    "TelemetryEvent",
+    "ToolFn",
+    "ValidationError",
     "Verdict",
     "WriteRejected",
     "as_result",
+    "hours",
+    "resolve_conflict",
 ]

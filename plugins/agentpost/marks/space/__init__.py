@@ -77,91 +77,27 @@ Readings chosen where the spec leaves room (also in docs/design.md):
 """
 
 
-# Every name space.py had stays importable from here: the imports below are re-exports.
-# ruff: noqa: F401
+# What `agentpost.marks.space` exported when it was one module stays importable from here:
+# the names it defined, the package's names it re-exported on purpose, and the mark types and
+# errors callers import from it.
 
 from __future__ import annotations
 
-import logging
-import math
-import threading
-import time
-import uuid
-from abc import ABC, abstractmethod
-from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
-from uuid import UUID, uuid4
-
-from agentpost.config import mark_content_limit
 from agentpost.marks.core import (
-    DEFAULT_MIN_STRENGTH,
-    Action,
-    Agent,
     AnyMark,
-    DecayConfig,
-    DeferredVerdict,
-    Intent,
-    InvalidArgument,
-    InvalidMark,
-    Mark,
-    MarkType,
-    Need,
+    ConflictPolicy,
     NeedCluster,
-    Observation,
     QuotaExceededError,
-    Scope,
-    ScopeVisibility,
-    Source,
-    UnauthorizedWrite,
-    UnknownMark,
-    UnknownScope,
-    Warning,
-    WatchPattern,
-    authorize_write,
-    check_content_size,
-    cluster_needs,
-    compute_strength,
-    mark_resource,
-    mark_topic,
-    new_mark_id,
-    project_mark,
-    read_order_key,
-    resolve_conflict,
-    revalidate,
-    scope_ancestors,
-    scope_covers,
-    trust_weight,
-    visible_to,
+    ScopeError,  # the package's names, from here too
+    ValidationError,
+    effective_strength,
+    effective_strength_with_warnings,
+    reinforce,
+    scope_contains,
 )
-from agentpost.marks.core import ConflictPolicy as ConflictPolicy
-from agentpost.marks.core import ScopeError as ScopeError  # the package's names, from here too
-from agentpost.marks.core import ValidationError as ValidationError
-from agentpost.marks.core import effective_strength as effective_strength
-from agentpost.marks.core import (
-    effective_strength_with_warnings as effective_strength_with_warnings,
-)
-from agentpost.marks.core import reinforce as reinforce
-from agentpost.marks.core import scope_contains as scope_contains
-from agentpost.marks.keys import KeyInUse, KeyRecord, check_key, check_same
-from agentpost.marks.space.base import (
-    SpaceBase,
-)
-from agentpost.marks.space.buckets import (
-    _TIME_SLACK,
-    _Bucket,
-    _bucket_keys,
-    _keyed,
-    _life,
-    _Subscription,
-)
-from agentpost.marks.space.memory import (
-    MarkSpace,
-)
+from agentpost.marks.space.base import SpaceBase
+from agentpost.marks.space.memory import MarkSpace
 from agentpost.marks.space.protocol import (
-    _SOURCE_RANK,
     GC_EPSILON,
     BucketKey,
     Clock,
@@ -174,10 +110,41 @@ from agentpost.marks.space.protocol import (
     fire_hooks,
     fit_tokens,
     grace_arg,
-    log,
     make_clock,
     mark_type_arg,
     min_strength_arg,
     quota_arg,
     resolved_copy,
 )
+
+__all__ = [
+    "GC_EPSILON",
+    "AnyMark",
+    "BucketKey",
+    "Clock",
+    "ClockSpec",
+    "ConflictPolicy",
+    "MarkSpace",
+    "MarkSpaceProtocol",
+    "NeedCluster",
+    "QuotaExceededError",
+    "ScopeError",
+    "SpaceBase",
+    "ValidationError",
+    "WriteHook",
+    "agent_id_of",
+    "authorize",
+    "collectable",
+    "effective_strength",
+    "effective_strength_with_warnings",
+    "fire_hooks",
+    "fit_tokens",
+    "grace_arg",
+    "make_clock",
+    "mark_type_arg",
+    "min_strength_arg",
+    "quota_arg",
+    "reinforce",
+    "resolved_copy",
+    "scope_contains",
+]
