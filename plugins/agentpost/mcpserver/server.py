@@ -48,8 +48,8 @@ def failure_line(exc: BaseException) -> str:
     """What a caller is told of a failure that is not a refusal: its kind, no details (no
     SQL, no DSN, no traceback); the server's log has the rest."""
     if isinstance(exc, StoreError):
-        return (f"the agentpost store failed ({type(exc).__name__}); nothing is known to "
-                "be written; try again later")
+        return (f"the agentpost store failed ({type(exc).__name__}); the call may not have "
+                "taken effect; try again later")
     if isinstance(exc, ConfigurationError):
         return "the agentpost server is misconfigured; ask its operator"
     return f"internal error in the agentpost MCP server ({type(exc).__name__})"
