@@ -228,3 +228,22 @@ def test_a_revoked_token_is_refused_at_once(served: Served) -> None:
                    headers={"authorization": f"Bearer {secret}",
                             "accept": "application/json, text/event-stream"})
     assert r.status_code == 401 and "revoked" in json.dumps(r.json())
+
+
+def test_without_the_mcp_sdk_the_endpoint_still_refuses_anonymous_callers(
+        monkeypatch: pytest.MonkeyPatch, dsn: str) -> None:
+    """The page works without the `ai` extra; its MCP endpoint then answers 401 to anonymous
+    callers and 501, naming the extra, to the others."""
+    import sys
+
+    from fastapi.testclient import TestClient
+
+    monkeypatch.setitem(sys.modules, "mcp", None)
+    for name in [m for m in sys.modules if m.startswith("agentpost.mcpserver")]:
+        monkeypatch.delitem(sys.modules, name)
+    with TestClient(mounted(create_app(dsn))) as client:
+        r = client.post("/agentpost/mcp", json=LIST)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        r = client.post("/agentpost/mcp", json=LIST, headers={"authorization": "Bearer abc"})
+        assert r.status_code == 501, r.text
+        assert "pip install 'airflow-agentpost[ai]'" in r.json()["error"]["message"]
