@@ -123,7 +123,9 @@ def test_anonymous_and_unknown_callers_get_401_and_no_tools(served: Served,
 @pytest.mark.parametrize("scopes", [["senders:*:send", "streams:*:enqueue"],
                                     ["senders:w1:send", "senders:w2:send"],
                                     ["streams:agents/w1/inbox:subscribe"],
-                                    ["senders:ghost:send"]])
+                                    ["senders:ghost:send"],
+                                    ["senders:human:w1:send",
+                                     "streams:agents/w1/inbox:subscribe"]])
 def test_a_token_naming_no_single_workspace_gets_403(served: Served,
                                                      scopes: list[str]) -> None:
     seed(served.store)

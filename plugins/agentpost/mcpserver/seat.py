@@ -46,12 +46,13 @@ def parse_scope(text: str) -> Scope:
 def token_workspace(token: TokenInfo) -> str | None:
     """The one workspace a token acts as: the pattern of its ``senders:<workspace>:send``
     scopes, when they name exactly one workspace literally (no wildcard); else None."""
-    names = {scope.split(":")[1] for scope in token.scopes
+    names = {scope[len("senders:"):-len(":send")] for scope in token.scopes
              if scope.startswith("senders:") and scope.endswith(":send")}
     if len(names) != 1:
         return None
     (name,) = names
-    return None if _GLOB & set(name) or name.startswith("human:") else name
+    # a wildcard, or a person (human:<user>), is no one workspace; no workspace id has a ':'
+    return None if _GLOB & set(name) or ":" in name else name
 
 
 class TokenSeat(AgentTools):
