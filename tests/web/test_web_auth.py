@@ -8,6 +8,11 @@ path or query parameter, a word for a number) is a 400 on every route (a 404 for
 file, like any other name that is no file), after the sign-in check, writing nothing.
 Runs against Airflow's real API app (auth on, the plugin mounted from its entry point) and a
 real store.
+
+Plain ASGI endpoints of the app (routes that are no FastAPI route: the MCP endpoint, which
+authenticates gateway capability tokens itself) are enumerated too: each refuses anonymous
+callers and unknown tokens with 401 and answers nothing else. What a valid token may do
+there is tests/ai/test_mcp_http.py.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import get_args
 import pytest
 from fastapi.dependencies.utils import get_flat_dependant
 from fastapi.routing import APIRoute, APIWebSocketRoute
-from starlette.routing import Mount
+from starlette.routing import Mount, Route
 
 from agentpost.store import EnvelopeStore
 from dbtools import all_rows
@@ -38,6 +43,17 @@ def page_routes() -> list[tuple[str, str]]:
     for route in plugin_app().routes:
         if isinstance(route, APIRoute):
             for method in sorted(route.methods - {"HEAD"}):
+                out.append((method, _concrete(route.path)))
+    return out
+
+
+def endpoint_routes() -> list[tuple[str, str]]:
+    """(method, path) of every plain ASGI endpoint of the plugin's app (a Route that is no
+    APIRoute), path params filled in."""
+    out = []
+    for route in plugin_app().routes:
+        if isinstance(route, Route) and not isinstance(route, APIRoute):
+            for method in sorted((route.methods or {"GET"}) - {"HEAD"}):
                 out.append((method, _concrete(route.path)))
     return out
 
@@ -69,6 +85,7 @@ def test_the_app_has_pages_posts_and_the_gateway() -> None:
     assert ("GET", "/static/no-such-thing") in routes
     mounts = [r.path for r in plugin_app().routes if isinstance(r, Mount)]
     assert mounts == ["/v1"]
+    assert {path for _, path in endpoint_routes()} == {"/mcp"}
     assert not [r for r in plugin_app().routes if isinstance(r, APIWebSocketRoute)]
 
 
@@ -85,7 +102,28 @@ def test_anonymous_gets_401_on_every_route(web) -> None:
         r = anon.request(method, PREFIX + path)
         assert r.status_code == 401, (path, r.status_code)
         checked += 1
-    assert checked >= 4
+    for method, path in endpoint_routes():
+        r = anon.request(method, PREFIX + path, json={"jsonrpc": "2.0", "id": 1,
+                                                      "method": "tools/list"})
+        assert r.status_code == 401, (method, path, r.status_code, r.text[:200])
+        assert r.headers.get("www-authenticate") == "Bearer"
+        assert "Traceback" not in r.text and "send_envelope" not in r.text
+        checked += 1
+    assert checked >= 7
+
+
+def test_an_unknown_or_airflow_credential_is_no_token_on_the_endpoints(web) -> None:
+    """The endpoints take gateway tokens only: an unknown one, and a signed-in Airflow
+    user's own credentials, are refused with 401 and list nothing."""
+    anon = web.client(None)
+    user = web.client("admin")
+    for method, path in endpoint_routes():
+        for client, headers in ((anon, {"authorization": "Bearer apgw_unknown-token-xyz"}),
+                                (user, {}), (anon, web.bearer("admin"))):
+            r = client.request(method, PREFIX + path, headers=headers,
+                               json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+            assert r.status_code == 401, (method, path, r.status_code, r.text[:200])
+            assert "send_envelope" not in r.text
 
 
 @pytest.mark.parametrize("path", ["/v1/subscribe?stream=gw-b", "/v1/live?view=latestPerAgent"])

@@ -16,6 +16,7 @@ from agentpost.cli import (
     gateway,
     leases,
     marks,
+    mcp,
     migrate,
     recovery,
     registry,
@@ -27,7 +28,7 @@ from agentpost.cli import (
 
 GROUPS: tuple[ModuleType, ...] = (migrate, demo, envelopes, trail, recovery, spark, bench,
                                   leases, rules, gateway, commands, routes, registry, fleet,
-                                  marks)
+                                  marks, mcp)
 
 
 def build_parser() -> argparse.ArgumentParser:

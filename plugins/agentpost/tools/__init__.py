@@ -3,7 +3,7 @@
 Plain Python above the store, the marks and SMCL, below every adapter: `AgentTools` is one
 seat (a workspace and a mark-space agent, fixed by whoever runs it) with one method per tool;
 `TOOLS` lists the tools (name, description, argument model) for adapters to expose, the
-Airflow toolset (`agentpost.ai`) now and an MCP server later. Every refusal is a
+Airflow toolset (`agentpost.ai`) and the MCP server (`agentpost.mcpserver`). Every refusal is a
 `ToolRefused` with its reason, and nothing is written.
 """
 

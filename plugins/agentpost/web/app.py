@@ -8,6 +8,8 @@
     /analytics              the Spark jobs' results   pages/analytics.py
     /static/...             CSS, JS, the chart library (served from the package)
     /v1/...                 the Courier gateway, with its own capability tokens
+    /mcp                    the agent tools over MCP (streamable HTTP), a gateway token
+                            fixing the seat (agentpost.mcpserver.http)
 
 Each page module has a router whose every route needs an Airflow user (auth.py); the
 human highway's actions need the acting role and a CSRF token as well. Every page route's
@@ -18,7 +20,7 @@ path and query parameters are checked here, once, before any reaches the store
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,43 @@ class LazyGateway:
             self._app = None
 
 
+class LazyMCP:
+    """The MCP endpoint (`agentpost.mcpserver.http.MCPEndpoint`), imported on its first
+    request: the `mcp` SDK comes with the ``ai`` extra, and the page works without it.
+    Without it the endpoint still refuses anonymous callers (401) and tells the others what
+    to install (501)."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+        self._endpoint: Any = None
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if self._endpoint is None:
+            try:
+                from agentpost.mcpserver.http import MCPEndpoint
+            except ImportError:
+                await self._unavailable(scope, receive, send)
+                return
+            self._endpoint = MCPEndpoint(**self.options)
+        await self._endpoint(scope, receive, send)
+
+    @staticmethod
+    async def _unavailable(scope: Scope, receive: Any, send: Any) -> None:
+        from fastapi.responses import JSONResponse
+
+        signed = any(k.lower() == b"authorization" for k, _ in scope.get("headers", []))
+        code, text = ((501, "the MCP endpoint needs the mcp SDK: "
+                            "pip install 'airflow-agentpost[ai]'") if signed else
+                      (401, "a token is required: Authorization: Bearer <secret>"))
+        headers = {} if signed else {"WWW-Authenticate": "Bearer"}
+        await JSONResponse({"error": {"code": code, "message": text}}, code,
+                           headers=headers)(scope, receive, send)
+
+    async def close(self) -> None:
+        if self._endpoint is not None:
+            await self._endpoint.close()
+
+
 async def plain_parameters(request: Request, user: Viewer) -> None:
     """400 for a path or query parameter holding a NUL byte, which no id, name or cursor of
     the store can hold (Postgres text refuses it): one check for every page route, after the
@@ -105,17 +144,24 @@ def _static_router() -> APIRouter:
     return router
 
 
-def create_app(dsn: str | None = None) -> FastAPI:
+def create_app(dsn: str | None = None, *, mcp_space: str | None = None,
+               mcp_scopes: Sequence[Any] = ()) -> FastAPI:
     """The agentpost page. `dsn`: the store; by default the Airflow connection
-    ``agentpost_default``, else AGENTPOST_DSN, looked up on the first request."""
+    ``agentpost_default``, else AGENTPOST_DSN, looked up on the first request.
+    `mcp_space`, `mcp_scopes`: the mark space (and its scopes) whose tools the MCP endpoint
+    offers; none by default."""
     context = WebContext(dsn)
     gateway = LazyGateway()
+    mcp = LazyMCP(space=mcp_space, scopes=mcp_scopes)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        await gateway.close()
-        app.state.agentpost.close()
+        try:
+            await mcp.close()
+            await gateway.close()
+        finally:
+            app.state.agentpost.close()
 
     app = FastAPI(title="agentpost", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -125,4 +171,6 @@ def create_app(dsn: str | None = None) -> FastAPI:
         app.include_router(router, dependencies=[Depends(plain_parameters)])
     app.include_router(_static_router())
     app.mount("/v1", gateway, name="gateway")
+    # a Route, not a Mount: /agentpost/mcp itself is the endpoint (no redirect to /mcp/)
+    app.add_route("/mcp", mcp, methods=["GET", "POST", "DELETE"], name="mcp")
     return app
