@@ -632,6 +632,11 @@ def _llm_problems(fleet: Fleet, spec: AgentDef) -> Iterator[str]:
         tool = next(t for t in named_marks if t in ("write_mark", "claim"))
         yield (f"llm.tools names {tool!r} but the agent may write no marks (give it scopes: "
                "{scope: [mark types]})")
+    elif "claim" in named_marks and not any(
+            MarkType.INTENT in types and MarkType.ACTION in types
+            for types in spec.scopes.values()):
+        yield ("llm.tools names 'claim' but no scope lets the agent write both intent and "
+               "action marks (the guard denies a claim without them)")
 
 
 def _output_problems(fleet: Fleet, spec: AgentDef,
