@@ -77,7 +77,8 @@ def test_a_bad_llm_block_is_a_clear_error() -> None:
 
 
 def test_an_llm_agent_must_agree_with_the_rest_of_its_manifest() -> None:
-    """Both a callable and an llm; no workspace for the seat; mark tools in a fleet without
+    """Both a callable and an llm; no workspace for the seat; an inbox input not its own
+    (read_inbox reads only the seat's inbox); mark tools in a fleet without
     scopes; write_mark or claim for an agent without write permissions; claim without both
     intent and action permissions (the guard would deny every claim)."""
     def problem(edit: Any, source: Path = STAGING) -> str:
@@ -91,6 +92,9 @@ def test_an_llm_agent_must_agree_with_the_rest_of_its_manifest() -> None:
         lambda d: d["agents"][0].update(callable="mod:fn"))
     assert "an LLM agent needs a workspace" in problem(
         lambda d: d["agents"][0].update(workspace=None, outputs=[]))
+    assert ("input inbox 'researcher-a' is not the agent's workspace: an LLM agent reads "
+            "only its own inbox ('desk')") in problem(
+        lambda d: d["agents"][0].update(inputs=[{"inbox": "researcher-a"}]), DESK)
     assert "llm.tools names 'read_marks' but the fleet defines no scopes" in problem(
         lambda d: d["agents"][0]["llm"].update(tools=["read_inbox", "read_marks"]), DESK)
     assert "llm.tools names 'claim' but the agent may write no marks" in problem(

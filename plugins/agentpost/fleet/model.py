@@ -624,6 +624,10 @@ def _llm_problems(fleet: Fleet, spec: AgentDef) -> Iterator[str]:
                "(make two agents)")
     if spec.workspace is None:
         yield "an LLM agent needs a workspace: the seat its tools act as"
+    for inbox in (i.inbox for i in spec.inputs if isinstance(i, InboxInput)):
+        if spec.workspace is not None and inbox != spec.workspace:
+            yield (f"input inbox {inbox!r} is not the agent's workspace: an LLM agent reads "
+                   f"only its own inbox ({spec.workspace!r}) with read_inbox")
     named_marks = [t for t in spec.llm.tools or () if t in MARK_TOOLS]
     if named_marks and not fleet.scopes:
         yield (f"llm.tools names {named_marks[0]!r} but the fleet defines no scopes (mark "
