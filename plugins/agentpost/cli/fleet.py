@@ -39,7 +39,10 @@ def show(fleet: Any) -> str:
         when = (f"every {spec.interval:g} s" if spec.kind == "source" else "on demand"
                 if spec.kind == "manual" else "on its inbox " + ", ".join(spec.inboxes))
         lines.append(f"agent     {spec.name} ({spec.kind}, {when}) id {fleet.agent(spec.name).id}"
-                     + (f" runs {spec.callable}" if spec.callable else ""))
+                     + (f" runs {spec.callable}" if spec.callable else "")
+                     + (f" runs an LLM ({spec.llm.llm_conn_id}"
+                        + (f", {spec.llm.model_id}" if spec.llm.model_id else "") + ")"
+                        if spec.llm else ""))
     return "\n".join(lines)
 
 

@@ -16,6 +16,13 @@ the fleet file's directory is on the path) or
 given to the factory in Python (``callables={"driver-a": park}``), which wins. Its return
 value is the task's XCom.
 
+An agent whose manifest has an ``llm:`` block runs a language model instead of code: its
+task, ``agent``, is common-ai's ``AgentOperator`` (the ``ai`` extra) with one toolset,
+`agentpost.ai.AgentpostToolset`, seated as the agent's workspace and, when the fleet has
+scopes, as its Markspace agent in the fleet's mark space. It is scheduled exactly as a code
+agent is. ``agent_operator_class`` replaces AgentOperator by a subclass of it (a test's
+scripted model, a deployment's own defaults).
+
 Nothing touches the store at parse time. A fleet that is wrong where the file alone can tell
 (an unknown role, type, workspace or scope) fails when the DAG file is parsed; what only the
 store can tell (the fleet was never applied) fails the task with the store's reason.
@@ -90,26 +97,38 @@ AgentCallable = Callable[[AgentContext], Any]
 
 def agent_dag(fleet: FleetLike, name: str, *, fn: AgentCallable | None = None,
               agentpost_conn_id: str = DEFAULT_CONN_ID, dag_id: str | None = None,
-              **dag_args: Any) -> DAG:
+              agent_operator_class: type[Any] | None = None, **dag_args: Any) -> DAG:
     """The DAG of agent `name` of `fleet` (a Fleet or the path of its file). `dag_args`
-    go to the DAG (default_args, tags, start_date, ...)."""
+    go to the DAG (default_args, tags, start_date, ...). An LLM agent's task is an
+    AgentOperator, or `agent_operator_class` (a subclass of it) when given."""
     from airflow.sdk import DAG, task
 
     fleet = fleet_of(fleet)
     spec = fleet.agent_def(name)
-    code = fn or _import_callable(fleet, spec)
+    if spec.llm is not None and fn is not None:
+        raise FleetError(fleet.source, f"agent {spec.name!r}", "is an LLM agent (llm:): it "
+                         "runs its model, not a callable given to the factory")
+    operator = _operator_class(fleet, spec, agent_operator_class) if spec.llm else None
+    code = None if spec.llm else fn or _import_callable(fleet, spec)
+    tags = ["agentpost", "agent", *(["llm"] if spec.llm else [])]
     with DAG(dag_id=dag_id or f"agent_{fleet.name}_{spec.name}",
              schedule=_schedule(fleet, spec, agentpost_conn_id),
-             description=f"agent {spec.name} of fleet {fleet.name} ({spec.kind})",
-             **dag_kwargs(**{"tags": ["agentpost", "agent"], **dag_args})) as dag:
-        task(task_id="activate")(_activation(fleet, spec, code, agentpost_conn_id))()
+             description=f"agent {spec.name} of fleet {fleet.name} ({spec.kind}"
+                         f"{', LLM' if spec.llm else ''})",
+             **dag_kwargs(**{"tags": tags, **dag_args})) as dag:
+        if operator is not None:
+            _llm_task(fleet, spec, operator, agentpost_conn_id)
+        else:
+            assert code is not None
+            task(task_id="activate")(_activation(fleet, spec, code, agentpost_conn_id))()
     return dag
 
 
 def agent_dags(fleet: FleetLike, *, callables: Mapping[str, AgentCallable] | None = None,
                kinds: Iterable[str] | None = None, **kwargs: Any) -> dict[str, DAG]:
     """The DAGs of every agent of `fleet` (of the given `kinds`: source, reactive, manual),
-    by dag_id. Assign them to module globals (or just build them in a DAG file)."""
+    by dag_id. Assign them to module globals (or just build them in a DAG file). `kwargs`
+    go to `agent_dag` (agentpost_conn_id, agent_operator_class, DAG arguments)."""
     fleet = fleet_of(fleet)
     wanted = None if kinds is None else set(kinds)
     callables = callables or {}
@@ -120,6 +139,60 @@ def agent_dags(fleet: FleetLike, *, callables: Mapping[str, AgentCallable] | Non
     dags = [agent_dag(fleet, spec.name, fn=callables.get(spec.name), **kwargs)
             for spec in fleet.agents if wanted is None or spec.kind in wanted]
     return {dag.dag_id: dag for dag in dags}
+
+
+# -- LLM agents: common-ai's AgentOperator with the agent's seat as its toolset ----------------
+
+AI_EXTRA = "pip install 'airflow-agentpost[ai]'"
+
+
+def _operator_class(fleet: Fleet, spec: AgentDef, given: type[Any] | None) -> type[Any]:
+    """AgentOperator (imported only for an LLM agent: fleets of code agents need no ai
+    extra), or `given`, which must be a subclass of it."""
+    where = f"agent {spec.name!r}"
+    try:
+        from airflow.providers.common.ai.operators.agent import AgentOperator
+
+        import agentpost.ai  # noqa: F401  (its own ImportError names the extra too)
+    except ImportError as exc:
+        raise ImportError(f"{fleet.source}: {where} is an LLM agent (llm:), which needs "
+                          f"Airflow's common-ai provider and pydantic-ai: {AI_EXTRA} "
+                          f"({exc})") from exc
+    if given is None:
+        return AgentOperator
+    if not (isinstance(given, type) and issubclass(given, AgentOperator)):
+        raise TypeError(f"agent_operator_class must be AgentOperator or a subclass of it, "
+                        f"not {given!r}")
+    return given
+
+
+def llm_toolset(fleet: Fleet, spec: AgentDef, conn_id: str = DEFAULT_CONN_ID) -> Any:
+    """The AgentpostToolset of an LLM agent: its workspace, and, when the fleet has scopes,
+    the fleet's mark space with its scopes and the agent's Markspace Agent (the same id and
+    write permissions as a code agent of that name)."""
+    from agentpost.ai import AgentpostToolset
+
+    assert spec.llm is not None and spec.workspace is not None  # checked with the fleet
+    marks = bool(fleet.scopes)
+    return AgentpostToolset(
+        spec.workspace, agentpost_conn_id=conn_id,
+        space=fleet.space if marks else None, scopes=fleet.scopes if marks else (),
+        agent=fleet.agent(spec.name) if marks else None,
+        tools=list(spec.llm.tools) if spec.llm.tools is not None else None,
+        lease_ttl=float(spec.llm.lease_ttl), max_retries=spec.llm.max_retries)
+
+
+def _llm_task(fleet: Fleet, spec: AgentDef, operator: type[Any], conn_id: str) -> Any:
+    llm = spec.llm
+    assert llm is not None
+    limits = llm.usage_limits.model_dump(exclude_none=True) if llm.usage_limits else None
+    return operator(
+        task_id="agent", prompt=llm.prompt, system_prompt=llm.system_prompt,
+        llm_conn_id=llm.llm_conn_id, model_id=llm.model_id,
+        toolsets=[llm_toolset(fleet, spec, conn_id)], usage_limits=limits or None,
+        doc_md=f"LLM agent **{spec.name}** of fleet `{fleet.name}`, seated as workspace "
+               f"`{spec.workspace}`" + (f" in mark space `{fleet.space}`"
+                                        if fleet.scopes else "") + ".")
 
 
 def _import_callable(fleet: Fleet, spec: AgentDef) -> AgentCallable:
@@ -222,5 +295,5 @@ def _events(context: Mapping[str, Any]) -> list[Any]:
     return arrivals(context.get("triggering_asset_events"))
 
 
-__all__ = ["AgentCallable", "AgentContext", "agent_dag", "agent_dags", "inbox_asset",
-           "run_agent"]
+__all__ = ["AI_EXTRA", "AgentCallable", "AgentContext", "agent_dag", "agent_dags",
+           "inbox_asset", "llm_toolset", "run_agent"]

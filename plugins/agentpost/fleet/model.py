@@ -31,6 +31,7 @@ from pydantic import (
     PrivateAttr,
     StrictBool,
     StrictFloat,
+    StrictInt,
     StrictStr,
     Tag,
     ValidationError,
@@ -62,6 +63,14 @@ BUILTIN_TYPES: dict[str, tuple[tuple[str, str], ...]] = {
 }
 #: agent ids are uuid5(this, "<space>/<agent name>"): the same in every process and run
 AGENT_NAMESPACE = UUID("0b6f3c5e-8a51-5d1e-9a3f-6c1d2e7f4a90")
+#: the tools an LLM agent may be given (`agentpost.tools.TOOLS`, which this layer may not
+#: import; tests/ai holds the two lists equal)
+LLM_TOOLS = ("send_envelope", "read_inbox", "reply", "ack", "read_marks", "write_mark",
+             "claim", "submit_command")
+#: the tools that act in the fleet's mark space (offered only when the fleet has scopes)
+MARK_TOOLS = ("read_marks", "write_mark", "claim")
+#: the Airflow connection of the model when the file names none (common-ai's default)
+DEFAULT_LLM_CONN_ID = "pydanticai_default"
 
 #: unknown keys refused; names are strings and flags booleans, never coerced (a quoted
 #: "yes" is not true, a !!binary value not a name)
@@ -170,6 +179,59 @@ Output = Annotated[
 ]
 
 
+PositiveInt = Annotated[StrictInt, Field(gt=0)]
+Text = Annotated[StrictStr, Field(min_length=1, max_length=100_000)]
+
+
+class UsageLimitsDef(BaseModel):
+    """Caps on one run of an LLM agent (pydantic-ai's `UsageLimits`); a run that would pass
+    one fails its task."""
+
+    model_config = _STRICT
+
+    request_limit: PositiveInt | None = None
+    tool_calls_limit: PositiveInt | None = None
+    input_tokens_limit: PositiveInt | None = None
+    output_tokens_limit: PositiveInt | None = None
+    total_tokens_limit: PositiveInt | None = None
+
+
+class LlmDef(BaseModel):
+    """An agent whose activation is a language model with the agentpost tools of its seat
+    (its workspace and its mark-space agent), run by common-ai's AgentOperator."""
+
+    model_config = _STRICT
+
+    prompt: Text
+    system_prompt: Annotated[StrictStr, Field(max_length=100_000)] = ""
+    llm_conn_id: Ident = DEFAULT_LLM_CONN_ID
+    model_id: Annotated[StrictStr, Field(min_length=1, max_length=200)] | None = None
+    #: the tools offered (default: every tool the seat has)
+    tools: tuple[StrictStr, ...] | None = None
+    usage_limits: UsageLimitsDef | None = None
+    #: seconds a read_inbox lease lasts
+    lease_ttl: Annotated[StrictFloat | StrictInt, Field(gt=0, le=86_400)] = 300
+    #: how often the model may correct a refused tool call (default: the run's)
+    max_retries: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is None:
+            return value
+        unknown = [t for t in value if t not in LLM_TOOLS]
+        if unknown:
+            raise ValueError(f"unknown tool {unknown[0]!r}; the tools are "
+                             f"{', '.join(LLM_TOOLS)}")
+        if len(set(value)) != len(value):
+            twice = next(t for t in value if value.count(t) > 1)
+            raise ValueError(f"tool {twice!r} is listed twice")
+        if not value:
+            raise ValueError("an empty tool list offers the model nothing: leave tools out "
+                             "for every tool, or name some")
+        return value
+
+
 class AgentDef(BaseModel):
     """One agent manifest of the file (Markspace §13.2, §14.1) and how to run it."""
 
@@ -187,6 +249,7 @@ class AgentDef(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
     expected_activity: dict[MarkType, StrictFloat] = Field(default_factory=dict)
     budget: TokenBudget | None = None
+    llm: LlmDef | None = None
 
     @field_validator("schedule", mode="before")
     @classmethod
@@ -548,6 +611,36 @@ def _check_agents(fleet: Fleet) -> Iterator[tuple[str, str]]:
         yield from ((where, p) for p in _output_problems(fleet, spec, workspaces))
         if spec.kind == "reactive" and not spec.inboxes:
             yield where, "a reactive agent needs an inbox input or a workspace"
+        if spec.llm is not None:
+            yield from ((where, p) for p in _llm_problems(fleet, spec))
+
+
+def _llm_problems(fleet: Fleet, spec: AgentDef) -> Iterator[str]:
+    """An LLM agent runs the model instead of code, acts as its workspace, and is offered
+    mark tools only where the fleet has a mark space with scopes."""
+    assert spec.llm is not None
+    if spec.callable is not None:
+        yield ("declares both callable and llm: an agent runs either its code or a model "
+               "(make two agents)")
+    if spec.workspace is None:
+        yield "an LLM agent needs a workspace: the seat its tools act as"
+    for inbox in (i.inbox for i in spec.inputs if isinstance(i, InboxInput)):
+        if spec.workspace is not None and inbox != spec.workspace:
+            yield (f"input inbox {inbox!r} is not the agent's workspace: an LLM agent reads "
+                   f"only its own inbox ({spec.workspace!r}) with read_inbox")
+    named_marks = [t for t in spec.llm.tools or () if t in MARK_TOOLS]
+    if named_marks and not fleet.scopes:
+        yield (f"llm.tools names {named_marks[0]!r} but the fleet defines no scopes (mark "
+               "tools act in the fleet's mark space)")
+    elif any(t in ("write_mark", "claim") for t in named_marks) and not spec.scopes:
+        tool = next(t for t in named_marks if t in ("write_mark", "claim"))
+        yield (f"llm.tools names {tool!r} but the agent may write no marks (give it scopes: "
+               "{scope: [mark types]})")
+    elif "claim" in named_marks and not any(
+            MarkType.INTENT in types and MarkType.ACTION in types
+            for types in spec.scopes.values()):
+        yield ("llm.tools names 'claim' but no scope lets the agent write both intent and "
+               "action marks (the guard denies a claim without them)")
 
 
 def _output_problems(fleet: Fleet, spec: AgentDef,
@@ -589,15 +682,20 @@ __all__ = [
     "AGENT_NAMESPACE",
     "BUILTIN_ROLES",
     "BUILTIN_TYPES",
+    "DEFAULT_LLM_CONN_ID",
+    "LLM_TOOLS",
+    "MARK_TOOLS",
     "MAX_DEPTH",
     "AgentDef",
     "EnvelopeOutput",
     "Fleet",
     "FleetError",
     "InboxInput",
+    "LlmDef",
     "MarkOutput",
     "RoleDef",
     "TypeDef",
+    "UsageLimitsDef",
     "WorkspaceDef",
     "check_references",
     "checked",
