@@ -262,7 +262,8 @@ def test_dockerfile_installs_the_deployment_extras() -> None:
     assert any(dep.startswith("asyncpg") for dep in extras["postgres"])
     assert any(dep.startswith("apache-airflow-providers-celery") for dep in extras["celery"])
     assert any(dep.startswith("apache-airflow-providers-apache-spark") for dep in extras["spark"])
+    assert any(dep.startswith("apache-airflow-providers-common-ai") for dep in extras["ai"])
     dockerfile = (DOCKER / "Dockerfile").read_text()
-    assert '".[postgres,celery,spark]"' in dockerfile
+    assert '".[postgres,celery,spark,ai]"' in dockerfile
     # the trail jobs refuse pyspark-client's files over another pyspark: the image is checked
     assert "agentpost spark check" in dockerfile
