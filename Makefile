@@ -71,6 +71,8 @@ bench: venv
 	$(BIN)/agentpost bench marks
 	$(BIN)/agentpost bench commands
 	$(BIN)/agentpost bench airflow
+	# each agent tool direct, through AgentTools, the toolset and a pydantic-ai agent loop
+	$(BIN)/agentpost bench agents
 	# fills scratch stores to 100k and 1M envelopes (several minutes); --large adds 10M
 	$(BIN)/agentpost bench growth
 	# verify_trail(since=) with and without row digests over 200k envelopes (a few minutes)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-SUITES: dict[str, str] = {"airflow": "agentpost.benchmarks.airflow",
+SUITES: dict[str, str] = {"agents": "agentpost.benchmarks.agents",
+                          "airflow": "agentpost.benchmarks.airflow",
                           "commands": "agentpost.benchmarks.commands",
                           "envelopes": "agentpost.benchmarks.envelopes",
                           "growth": "agentpost.benchmarks.growth",

@@ -70,6 +70,11 @@ from agentpost.tools.models import (
     WriteMarkArgs,
 )
 
+#: the states in which a workspace takes no envelopes: a send to one is rejected
+_SEALED = frozenset({"integrating", "closed", "failed"})
+#: the scope of the blocking needs that confirm mutating commands (CommandLedger's default)
+_NEED_SCOPE = "commands"
+
 
 class ToolRefused(Exception):
     """A tool call refused, with the reason meant for the model; nothing was written."""
@@ -214,9 +219,11 @@ class AgentTools:
         return out
 
     def routes(self) -> dict[str, list[str]]:
-        """Recipient -> the envelope types this workspace may send it now: a live send right
-        to the recipient and a permission-matrix row from a role of ours to a role of
-        theirs (the store's own two checks)."""
+        """Recipient -> the envelope types this workspace may send it now, as the store's
+        send decides: a live send right to a recipient that takes envelopes (not
+        integrating, closed or failed), and a permission-matrix row from a role of ours to a
+        role of theirs or a delegation edge (WACP §2: directive and feedback down to a
+        delegating workspace's children, query up to it)."""
         me = self.store.workspace(self.workspace_id)
         types = self.store.envelope_types()
         out: dict[str, list[str]] = {}
@@ -227,12 +234,28 @@ class AgentTools:
                 them = self.store.workspace(right.target)
             except LookupError:
                 continue
-            if str(getattr(them.state, "value", them.state)) in ("closed", "failed"):
+            if str(getattr(them.state, "value", them.state)) in _SEALED:
                 continue
-            allowed = self._matrix(types, me.lineage, them.lineage)
+            allowed = set(self._matrix(types, me.lineage, them.lineage))
+            if me.delegation and them.parent == me.id:
+                allowed |= {"directive", "feedback"}
+            if them.delegation and me.parent == them.id:
+                allowed.add("query")
             if allowed:
-                out[right.target] = allowed
+                out[right.target] = sorted(allowed)
         return out
+
+    def _required(self, type_: str, content: Any) -> None:
+        """The store rejects (and records) a payload without its type's required fields:
+        refuse it before, naming them."""
+        needed = next((t.required_fields for t in self.store.envelope_types()
+                       if t.name == type_), ())
+        if not needed:
+            return
+        missing = sorted(set(needed) - set(content if isinstance(content, dict) else ()))
+        if missing:
+            raise ToolRefused(f"invalid content: type {type_!r} needs a JSON object with the "
+                              f"fields {', '.join(needed)}; missing: {', '.join(missing)}")
 
     @staticmethod
     def _matrix(types: list[Any], senders: tuple[str, ...], receivers: tuple[str, ...]
@@ -305,6 +328,7 @@ class AgentTools:
         if type_ not in routes[to]:
             raise ToolRefused(f"permission denied: type {type_!r} may not be sent to {to!r}; "
                               f"allowed types: {', '.join(routes[to])}")
+        self._required(type_, content)
         fmt = "markdown" if isinstance(content, str) else "json"
         result = self.store.send(self.workspace_id, to, type_, content, format=fmt,
                                  in_reply_to=in_reply_to, priority=priority,
@@ -444,7 +468,8 @@ class AgentTools:
         space, agent, guard = self._space()
         with refusals():
             scope = space.get_scope(args.scope)
-            if scope.allowed_intent_verbs and args.action not in scope.allowed_intent_verbs:
+            # the space's own rule: an empty list is unrestricted, "*" names every verb
+            if scope.allowed_intent_verbs and not scope.allows_intent_verb(args.action):
                 raise ToolRefused(f"scope {args.scope!r} allows the verbs "
                                   f"{', '.join(scope.allowed_intent_verbs)}, not "
                                   f"{args.action!r}")
@@ -491,7 +516,16 @@ class AgentTools:
                 raise ToolRefused(f"not permitted: {self.workspace_id!r} may not have "
                                   f"{executor!r} run {args.action!r}; allowed actions: "
                                   f"{', '.join(allowed) or 'none'}")
-            with CommandLedger(self.store, marks=self.marks) as ledger:
+            if args.mutating and self.marks is not None:
+                # the confirmation is a blocking need in the ledger's scope: without that
+                # scope the ledger would fail after recording the command
+                try:
+                    self.marks.get_scope(_NEED_SCOPE)
+                except UnknownScope:
+                    raise ToolRefused(f"a mutating command needs the scope {_NEED_SCOPE!r} in "
+                                      "this agent's mark space for its confirmation; it has "
+                                      "none") from None
+            with CommandLedger(self.store, marks=self.marks, need_scope=_NEED_SCOPE) as ledger:
                 view = ledger.submit(self.workspace_id, args.key, action=args.action,
                                      mutating=args.mutating, executor=executor,
                                      args=args.args,
