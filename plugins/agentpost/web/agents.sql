@@ -12,15 +12,24 @@ SELECT w.id
 
 -- name: calls
 -- kind, at, sort key, tool, envelope id, command id, type or action, to, the run (the
--- recorded RunInfo, or the lease holder), state, newest first.
+-- recorded RunInfo, or the lease holder), state, newest first. Envelopes, leases and acks
+-- are looked for among the last %(window)s entries of the seat's chain (every envelope it
+-- sent or received adds some), commands among its last %(scan)s.
+WITH recent AS MATERIALIZED (  -- the chain's last %(window)s entries: a bounded walk
+    SELECT t.id, t.chain_seq, t.at, t.event, t.envelope_id, t.record
+      FROM agentpost.trail t
+     WHERE t.chain = %(ws)s
+     ORDER BY t.chain_seq DESC
+     LIMIT %(window)s
+)
 SELECT * FROM (
     SELECT 'envelope' AS kind, s.at, lpad(s.id::text, 20, '0') AS key,
            e.meta -> 'tool_call' ->> 'tool' AS tool, e.id AS envelope_id,
            NULL::text AS command_id, e.type AS what, e.recipient AS "to",
            e.meta -> 'tool_call' -> 'run' AS run, NULL::text AS holder, e.status AS state
       FROM (SELECT t.id, t.at, t.envelope_id
-              FROM agentpost.trail t
-             WHERE t.chain = %(ws)s AND t.event = 'envelope_created'
+              FROM recent t
+             WHERE t.event = 'envelope_created'
                AND EXISTS (SELECT 1 FROM agentpost.envelopes x
                             WHERE x.id = t.envelope_id AND x.meta ? 'tool_call')
              ORDER BY t.chain_seq DESC
@@ -33,9 +42,8 @@ SELECT * FROM (
            s.envelope_id, NULL, e.type, e.recipient, NULL,
            s.record::jsonb -> 'body' ->> 'holder', NULL
       FROM (SELECT t.id, t.at, t.event, t.envelope_id, t.record
-              FROM agentpost.trail t
-             WHERE t.chain = %(ws)s
-               AND (t.event = 'envelope_leased'
+              FROM recent t
+             WHERE (t.event = 'envelope_leased'
                     OR (t.event = 'envelope_consumed'
                         AND t.record::jsonb -> 'body' ->> 'via' = 'ack'))
              ORDER BY t.chain_seq DESC

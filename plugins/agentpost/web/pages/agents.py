@@ -32,15 +32,21 @@ After = Annotated[str, Query(max_length=MAX_ID, description="the last workspace 
 
 CALLS = 100
 SEATS = 25
+#: the seat's chain entries looked through: on its page, and per seat on the index
+WINDOW = 20_000
+INDEX_WINDOW = 2_000
 _COLUMNS = ("kind", "at", "key", "tool", "envelope_id", "command_id", "what", "to", "run",
             "holder", "state")
 
 
-def calls(store: EnvelopeStore, ws: str, limit: int) -> list[dict[str, Any]]:
+def calls(store: EnvelopeStore, ws: str, limit: int, window: int = WINDOW
+          ) -> list[dict[str, Any]]:
     """The seat's most recent `limit` tool calls, newest first, each with its `run` as
-    `run_link` shows it."""
+    `run_link` shows it: among the last `window` entries of its chain, and its last
+    `limit` commands."""
     out = []
-    for row in store.db.fetchall(Q["calls"], {"ws": ws, "limit": limit, "scan": limit}):
+    for row in store.db.fetchall(Q["calls"], {"ws": ws, "limit": limit, "scan": limit,
+                                              "window": window}):
         call = dict(zip(_COLUMNS, row, strict=True))
         call["run"] = run_link(call["run"], call.pop("holder"))
         call.pop("key")
@@ -53,14 +59,16 @@ def seats(store: EnvelopeStore, after: str) -> dict[str, Any]:
     ids = [r[0] for r in store.db.fetchall(Q["workspaces"], {"after": after,
                                                              "limit": SEATS + 1})]
     shown = ids[:SEATS]
-    return {"seats": [{"workspace_id": ws, "last": next(iter(calls(store, ws, 1)), None)}
+    return {"seats": [{"workspace_id": ws,
+                       "last": next(iter(calls(store, ws, 1, INDEX_WINDOW)), None)}
                       for ws in shown],
             "next": shown[-1] if len(ids) > SEATS else None}
 
 
 def seat(store: EnvelopeStore, ws: str, limit: int) -> dict[str, Any]:
     store.workspace(ws)  # NotFound (404) for an unknown workspace, InvalidInput for a bad id
-    return {"workspace_id": ws, "calls": calls(store, ws, limit), "limit": limit}
+    return {"workspace_id": ws, "calls": calls(store, ws, limit), "limit": limit,
+            "window": f"{WINDOW:,}"}
 
 
 def _json(call: dict[str, Any]) -> dict[str, Any]:
