@@ -5,6 +5,7 @@
     /marks                  the mark space            pages/marks.py
     /commands[/{id}]        commands and sagas        pages/commands.py
     /routes[/{id}]          actor routes              pages/routes.py
+    /agents[/{ws}]          agents' tool calls        pages/agents.py
     /analytics              the Spark jobs' results   pages/analytics.py
     /static/...             CSS, JS, the chart library (served from the package)
     /v1/...                 the Courier gateway, with its own capability tokens

@@ -10,6 +10,7 @@ triggerer never reaches a worker, so its trigger computes the same URLs from the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -162,3 +163,61 @@ def link_xcoms(specs: Sequence[Sequence[Any]], result: Any) -> dict[str, str]:
         if url:
             out[xcom_key] = url
     return out
+
+
+# ---- from an agent's tool call to the Airflow task instance that made it -----------------
+
+#: a run id's trailing UTC offset (``+00:00``): its minutes are not a map index
+_OFFSET_HOURS = re.compile(r"[+-]\d\d$")
+
+
+def task_instance_url(dag_id: str, task_id: str, run_id: str,
+                      map_index: int | None = None) -> str:
+    """Airflow's UI page of one task instance (the form of Airflow's own ``log_url``)."""
+    url = (f"{base_url()}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+           f"/tasks/{quote(task_id, safe='')}")
+    return f"{url}/mapped/{map_index}" if map_index is not None and map_index >= 0 else url
+
+
+def parse_af_ref(ref: str) -> dict[str, Any] | None:
+    """dag_id, task_id, run_id, map_index of an ``af:<dag>:<task>:<run>[:<map>]`` ref, or
+    None. A dag or task id holds no ``:``; a run id may (``+00:00``), so a trailing
+    ``:<digits>`` is a map index only when written as ints are (no leading zero) and what
+    precedes it does not end in an offset's hours. A recorded run's ``attrs`` say it
+    without guessing; a lease holder is only the ref."""
+    parts = ref.split(":", 3)
+    if len(parts) < 4 or parts[0] != "af" or not all(parts[1:]):
+        return None
+    _, dag_id, task_id, rest = parts
+    run_id, map_index = rest, None
+    head, sep, tail = rest.rpartition(":")
+    if (sep and head and tail.isdigit() and (tail == "0" or not tail.startswith("0"))
+            and not _OFFSET_HOURS.search(head)):
+        run_id, map_index = head, int(tail)
+    return {"dag_id": dag_id, "task_id": task_id, "run_id": run_id, "map_index": map_index}
+
+
+def run_link(run: Mapping[str, Any] | None, ref: str | None = None) -> dict[str, Any]:
+    """How a page shows the run of a tool call: ``ref``, ``by``, ``transport`` (an MCP run's),
+    and ``url``, the Airflow task instance's page when the run is a task instance (from its
+    ``attrs``, else from its ``af:`` ref), else None. `run`: the recorded RunInfo (a dict);
+    `ref`: a bare ref (a lease holder) when there is no RunInfo."""
+    run = run if isinstance(run, Mapping) else {}
+    ref = str(run.get("ref") or ref or "")
+    attrs = run.get("attrs") if isinstance(run.get("attrs"), Mapping) else {}
+    by = str(run.get("by") or {"af": "airflow"}.get(ref.partition(":")[0],
+                                                     ref.partition(":")[0]))
+    found: dict[str, Any] | None = None
+    if all(isinstance(attrs.get(k), str) and attrs.get(k) for k in ("dag_id", "task_id",
+                                                                     "run_id")):
+        index = attrs.get("map_index")
+        found = {"dag_id": attrs["dag_id"], "task_id": attrs["task_id"],
+                 "run_id": attrs["run_id"],
+                 "map_index": index if isinstance(index, int) else None}
+    elif ref.startswith("af:"):
+        found = parse_af_ref(ref)
+    transport = attrs.get("transport") if by == "mcp" else None
+    if by == "mcp" and not transport and ref.startswith("mcp:"):
+        transport = ref.split(":")[1] if ref.count(":") else None
+    return {"ref": ref, "by": by or None, "transport": transport,
+            "task": found, "url": task_instance_url(**found) if found else None}

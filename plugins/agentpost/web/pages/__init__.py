@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from agentpost.web.pages import analytics, commands, envelopes, inboxes, marks, routes
+from agentpost.web.pages import agents, analytics, commands, envelopes, inboxes, marks, routes
 
 PAGE_ROUTERS = [inboxes.router, envelopes.router, marks.router, commands.router,
-                routes.router, analytics.router]
+                routes.router, agents.router, analytics.router]

@@ -26,6 +26,7 @@ from agentpost.store import EnvelopeStore
 from agentpost.store.queries import QUERIES
 from agentpost.web.auth import require_viewer
 from agentpost.web.context import Store
+from agentpost.web.links import run_link
 from agentpost.web.render import page, root
 
 router = APIRouter(dependencies=[Depends(require_viewer)])
@@ -139,11 +140,22 @@ def lease_of(store: EnvelopeStore, envelope_id: str) -> dict[str, Any]:
     return {"holder": holder, "until": until, "leases": leases, "first_leased_at": first}
 
 
+def tool_call(envelope: Envelope) -> dict[str, Any] | None:
+    """The agent tool call that sent the envelope (its ``meta.tool_call``): the tool and the
+    run as `run_link` shows it, linked to its Airflow task instance when it was one."""
+    call = envelope.meta.get("tool_call") if isinstance(envelope.meta, dict) else None
+    if not isinstance(call, dict):
+        return None
+    return {"tool": call.get("tool"), "call_id": call.get("call_id"),
+            "run": run_link(call.get("run"))}
+
+
 def details(store: EnvelopeStore, envelope_id: str) -> dict[str, Any]:
     """Everything the page shows (NotFound for an unknown id, InvalidInput for a bad one)."""
     envelope = store.get(envelope_id)
     entries = trail_entries(store, envelope.id)
     return {"envelope": envelope, "entries": entries, "thread": thread(store, envelope.id),
+            "tool_call": tool_call(envelope),
             "lease": lease_of(store, envelope.id),
             "row_problems": row_problems(store, envelope.id),
             "all_verified": all(e["verified"] for e in entries)}
