@@ -16,7 +16,7 @@ from typing import Any
 import psycopg2
 
 from agentpost.fleet.changes import apply
-from agentpost.fleet.model import load_fleet
+from agentpost.fleet.files import load_fleet
 from agentpost.marks import Agent, Guard, MarkType, Need, Observation
 from agentpost.marks.guard import SYSTEM_AGENT_ID, SYSTEM_AGENT_NAME
 from agentpost.marks.postgres import PostgresMarkSpace

@@ -9,7 +9,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from agentpost.fleet.model import Fleet, checked, load_fleet
+from agentpost.fleet.files import checked, load_fleet
+from agentpost.fleet.model import Fleet
 from agentpost.protocol.errors import AgentpostError, StoreUnavailable
 
 #: a fixed start in the past: with catchup off, the first run is the next one due

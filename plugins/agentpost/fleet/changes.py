@@ -26,12 +26,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentpost.fleet.checks import effective_originator
 from agentpost.fleet.model import (
     BUILTIN_ROLES,
     Fleet,
     FleetError,
     WorkspaceDef,
-    effective_originator,
 )
 from agentpost.marks.core import WatchPattern
 from agentpost.protocol.errors import Conflict

@@ -1,9 +1,10 @@
-"""The fleet file: roles, envelope types, workspaces, mark scopes and agent manifests, in YAML.
+"""The fleet file's model: roles, envelope types, workspaces, mark scopes and agent manifests.
 
-Pure: parsing and validation only, no I/O but reading the file. A fleet is checked whole
-(every field, then every cross-reference) before anyone writes anything, and a bad file
-raises `FleetError` naming the file, the entry and the problem on one line. docs/fleet.md
-is the reference of the format.
+Pure: the pydantic models and their field rules. Reading a file is `agentpost.fleet.files`,
+the cross-references `agentpost.fleet.checks`; a fleet is checked whole (every field, then
+every cross-reference) before anyone writes anything, and a bad file raises `FleetError`
+naming the file, the entry and the problem on one line. docs/fleet.md is the reference of
+the format.
 
 A fleet file is self-contained: every role, envelope type and workspace it names is defined
 in it, or is one of the store's built-ins (roles coordinator, worker, observer; types
@@ -17,12 +18,10 @@ inbox), outputs (marks, or envelopes of a type to a workspace), and a schedule: 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 from uuid import UUID, uuid5
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -34,7 +33,6 @@ from pydantic import (
     StrictInt,
     StrictStr,
     Tag,
-    ValidationError,
     field_validator,
 )
 
@@ -46,7 +44,6 @@ from agentpost.marks.core import (
     Scope,
     TokenBudget,
     WatchPattern,
-    scope_covers,
 )
 from agentpost.protocol.errors import InvalidInput
 
@@ -342,347 +339,12 @@ class Fleet(BaseModel):
             current = parents.get(current)
         return tuple(chain)
 
-
-# -- loading --------------------------------------------------------------------------------
-
-
-class _TooDeep(yaml.composer.ComposerError):
-    """A document nested deeper than MAX_DEPTH."""
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a mapping with the same key twice (PyYAML keeps the
-    last silently, which would hide half of a definition) and nesting deeper than
-    MAX_DEPTH (PyYAML composes nodes recursively: 5,000 levels were a RecursionError)."""
-
-    _depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.ScalarEvent, yaml.AliasEvent):  # no level of its own
-            return super().compose_node(parent, index)
-        if self._depth >= MAX_DEPTH:
-            raise _TooDeep(None, None, f"nested deeper than {MAX_DEPTH} levels",
-                           self.peek_event().start_mark)
-        self._depth += 1
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-def _mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
-
-
-def load_fleet(path: str | Path) -> Fleet:
-    """The fleet of the YAML file at `path`, validated whole; FleetError otherwise."""
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FleetError(source, "", f"cannot read it: "
-                         f"{getattr(exc, 'strerror', None) or exc}") from None
-    return parse_fleet(text, source)
-
-
-def parse_fleet(text: str, source: str = "<fleet>") -> Fleet:
-    """The fleet of YAML `text`; `source` names it in errors."""
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f"line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        if not isinstance(exc, _TooDeep):
-            problem = f"not valid YAML: {problem}"
-        raise FleetError(source, line, problem) from None
-    return fleet_from_dict(data, source)
-
-
-def fleet_from_dict(data: object, source: str = "<fleet>") -> Fleet:
-    """The fleet of an already parsed document (a mapping)."""
-    if not isinstance(data, Mapping):
-        raise FleetError(source, "", "a fleet file is a mapping with name, roles, types, "
-                         "workspaces, scopes and agents")
-    if _too_deep(data):
-        raise FleetError(source, "", f"nested deeper than {MAX_DEPTH} levels")
-    try:
-        fleet = Fleet.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise FleetError(source, _entry(data, first["loc"]), _problem(first)) from None
-    fleet._source = source
-    return checked(fleet)
-
-
-def _too_deep(data: object) -> bool:
-    """Whether `data` nests mappings and lists deeper than MAX_DEPTH, without recursing. A
-    node shared by several parents (a YAML alias) is walked again only when reached deeper
-    than before, so shared nodes cost no exponential walk."""
-    deepest: dict[int, int] = {}
-    stack: list[tuple[object, int]] = [(data, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if not isinstance(node, Mapping | list | tuple):
-            continue
-        if depth > MAX_DEPTH:
-            return True
-        if deepest.get(id(node), 0) >= depth:
-            continue
-        deepest[id(node)] = depth
-        children = node.values() if isinstance(node, Mapping) else node
-        stack.extend((child, depth + 1) for child in children)
-    return False
-
-
-def checked(fleet: Fleet) -> Fleet:
-    """`fleet` if its entries agree with each other, else FleetError for the first problem
-    (a Fleet built directly, not from a file, has had its fields checked only)."""
-    problems = list(check_references(fleet))
-    if problems:
-        entry, problem = problems[0]
-        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-        raise FleetError(fleet.source, entry, problem + more)
-    return fleet
-
-
-def _entry(data: Mapping[str, Any], loc: tuple[Any, ...]) -> str:
-    """``agents[2] (driver-c).schedule`` from a pydantic location in the document. Steps
-    that are no key of the document (a union member's name) are left out, but for the
-    last (a missing or unknown field)."""
-    parts: list[str] = []
-    node: Any = data
-    for position, item in enumerate(loc):
-        if isinstance(item, int) and parts:
-            node = node[item] if isinstance(node, list) and item < len(node) else None
-            label = node.get("name") or node.get("id") if isinstance(node, Mapping) else None
-            parts[-1] += f"[{item}]" + (f" ({label})" if isinstance(label, str) else "")
-        elif isinstance(node, Mapping) and item in node:
-            parts.append(str(item))
-            node = node[item]
-        elif position == len(loc) - 1:
-            parts.append(str(item))
-    return ".".join(parts)
-
-
-def _problem(error: Mapping[str, Any]) -> str:
-    message = str(error.get("msg", "invalid"))
-    if error.get("type") == "missing":
-        return "missing (required)"
-    if error.get("type") == "extra_forbidden":
-        return "unknown field"
-    return message.removeprefix("Value error, ").splitlines()[0]
-
-
-# -- cross-references -----------------------------------------------------------------------
-
-
-def check_references(fleet: Fleet) -> Iterator[tuple[str, str]]:
-    """Every problem across entries, as (entry, problem): duplicates, unknown names,
-    cycles, outputs an agent may not produce (P54), envelopes the matrix would refuse."""
-    yield from _duplicates(fleet)
-    yield from _check_roles(fleet)
-    yield from _check_types(fleet)
-    yield from _check_workspaces(fleet)
-    yield from _check_agents(fleet)
-
-
-def _label(kind: str, index: int, name: str) -> str:
-    return f"{kind}[{index}] ({name})"
-
-
-def _duplicates(fleet: Fleet) -> Iterator[tuple[str, str]]:
-    groups: dict[str, Iterable[str]] = {
-        "roles": (r.name for r in fleet.roles),
-        "types": (t.name for t in fleet.types),
-        "workspaces": (w.id for w in fleet.workspaces),
-        "scopes": (s.name for s in fleet.scopes),
-        "agents": (a.name for a in fleet.agents),
-    }
-    for kind, names in groups.items():
-        seen: set[str] = set()
-        for index, name in enumerate(names):
-            if name in seen:
-                yield _label(kind, index, name), f"{name!r} is defined twice"
-            seen.add(name)
-
-
-def _roles(fleet: Fleet) -> set[str]:
-    return set(BUILTIN_ROLES) | {r.name for r in fleet.roles}
-
-
-def _check_roles(fleet: Fleet) -> Iterator[tuple[str, str]]:
-    known = _roles(fleet)
-    for index, role in enumerate(fleet.roles):
-        where = _label("roles", index, role.name)
-        if role.name in BUILTIN_ROLES and role.inherits is not None:
-            yield where, f"{role.name!r} is a built-in role and inherits nothing"
-        elif role.inherits is not None and role.inherits not in known:
-            yield where, f"inherits unknown role {role.inherits!r}"
-        elif _inherits_itself(fleet, role.name):
-            yield where, "its inheritance is a cycle"
-
-
-def _inherits_itself(fleet: Fleet, name: str) -> bool:
-    parents = {r.name: r.inherits for r in fleet.roles}
-    seen: set[str] = set()
-    current = parents.get(name)
-    while current is not None and current not in seen:
-        if current == name:
-            return True
-        seen.add(current)
-        current = parents.get(current)
-    return False
-
-
-def _check_types(fleet: Fleet) -> Iterator[tuple[str, str]]:
-    known = _roles(fleet)
-    for index, etype in enumerate(fleet.types):
-        for role in etype.senders + etype.receivers:
-            if role not in known:
-                yield _label("types", index, etype.name), f"unknown role {role!r}"
-
-
-def _check_workspaces(fleet: Fleet) -> Iterator[tuple[str, str]]:
-    known, ids = _roles(fleet), {w.id: w for w in fleet.workspaces}
-    for index, ws in enumerate(fleet.workspaces):
-        where = _label("workspaces", index, ws.id)
-        if ws.role not in known:
-            yield where, f"unknown role {ws.role!r}"
-        if ws.parent is not None and ws.parent not in ids:
-            yield where, f"unknown parent workspace {ws.parent!r}"
-        elif _ancestors(ws, ids) is None:
-            yield where, "its parents form a cycle"
-        else:
-            inherited = next((a.originator for a in _ancestors(ws, ids) or ()
-                              if a.originator != "system"), None)
-            if inherited and ws.originator not in ("system", inherited):
-                yield where, (f"originator is immutable: it inherits {inherited!r} from its "
-                              f"parents, not {ws.originator!r}")
-
-
-def _ancestors(ws: WorkspaceDef, ids: Mapping[str, WorkspaceDef]) -> list[WorkspaceDef] | None:
-    """The parent chain of `ws`, nearest first; None for a cycle."""
-    chain: list[WorkspaceDef] = []
-    current = ids.get(ws.parent) if ws.parent else None
-    while current is not None:
-        if current.id == ws.id or current in chain:
-            return None
-        chain.append(current)
-        current = ids.get(current.parent) if current.parent else None
-    return chain
-
-
-def effective_originator(fleet: Fleet, ws: WorkspaceDef) -> str:
-    """The originator the store will record: a parent's user propagates (WACP §3)."""
-    ids = {w.id: w for w in fleet.workspaces}
-    chain = [ws, *(_ancestors(ws, ids) or ())]
-    return next((w.originator for w in reversed(chain) if w.originator != "system"), "system")
-
-
-def _scope_defined(fleet: Fleet, scope: str) -> bool:
-    return any(scope_covers(s.name, scope) for s in fleet.scopes)
-
-
-def _check_agents(fleet: Fleet) -> Iterator[tuple[str, str]]:
-    workspaces = {w.id: w for w in fleet.workspaces}
-    for index, spec in enumerate(fleet.agents):
-        where = _label("agents", index, spec.name)
-        if spec.workspace is not None and spec.workspace not in workspaces:
-            yield where, f"unknown workspace {spec.workspace!r}"
-        named = [*spec.scopes, *spec.read_scopes, *(p.scope for p in spec.patterns),
-                 *(o.scope for o in spec.outputs if isinstance(o, MarkOutput))]
-        for scope in named:
-            if not _scope_defined(fleet, scope):
-                yield where, f"unknown scope {scope!r} (define it under scopes)"
-        for inbox in (i.inbox for i in spec.inputs if isinstance(i, InboxInput)):
-            if inbox not in workspaces:
-                yield where, f"input inbox {inbox!r} is not a workspace of the fleet"
-        yield from ((where, p) for p in _output_problems(fleet, spec, workspaces))
-        if spec.kind == "reactive" and not spec.inboxes:
-            yield where, "a reactive agent needs an inbox input or a workspace"
-        if spec.llm is not None:
-            yield from ((where, p) for p in _llm_problems(fleet, spec))
-
-
-def _llm_problems(fleet: Fleet, spec: AgentDef) -> Iterator[str]:
-    """An LLM agent runs the model instead of code, acts as its workspace, and is offered
-    mark tools only where the fleet has a mark space with scopes."""
-    assert spec.llm is not None
-    if spec.callable is not None:
-        yield ("declares both callable and llm: an agent runs either its code or a model "
-               "(make two agents)")
-    if spec.workspace is None:
-        yield "an LLM agent needs a workspace: the seat its tools act as"
-    for inbox in (i.inbox for i in spec.inputs if isinstance(i, InboxInput)):
-        if spec.workspace is not None and inbox != spec.workspace:
-            yield (f"input inbox {inbox!r} is not the agent's workspace: an LLM agent reads "
-                   f"only its own inbox ({spec.workspace!r}) with read_inbox")
-    named_marks = [t for t in spec.llm.tools or () if t in MARK_TOOLS]
-    if named_marks and not fleet.scopes:
-        yield (f"llm.tools names {named_marks[0]!r} but the fleet defines no scopes (mark "
-               "tools act in the fleet's mark space)")
-    elif any(t in ("write_mark", "claim") for t in named_marks) and not spec.scopes:
-        tool = next(t for t in named_marks if t in ("write_mark", "claim"))
-        yield (f"llm.tools names {tool!r} but the agent may write no marks (give it scopes: "
-               "{scope: [mark types]})")
-    elif "claim" in named_marks and not any(
-            MarkType.INTENT in types and MarkType.ACTION in types
-            for types in spec.scopes.values()):
-        yield ("llm.tools names 'claim' but no scope lets the agent write both intent and "
-               "action marks (the guard denies a claim without them)")
-
-
-def _output_problems(fleet: Fleet, spec: AgentDef,
-                     workspaces: Mapping[str, WorkspaceDef]) -> Iterator[str]:
-    for out in spec.outputs:
-        if isinstance(out, MarkOutput):
-            if not any(out.mark_type in types and scope_covers(granted, out.scope)
-                       for granted, types in spec.scopes.items()):
-                yield (f"declares output {out.mark_type.value} on {out.scope!r} but may not "
-                       "write it (Markspace P54)")
-            continue
-        rows = _permission_rows(fleet, out.envelope)
-        if rows is None:
-            yield f"output envelope type {out.envelope!r} is not defined"
-        elif out.to not in workspaces:
-            yield f"output envelope to unknown workspace {out.to!r}"
-        elif spec.workspace is None:
-            yield "sends envelopes but has no workspace to send from"
-        elif spec.workspace in workspaces:  # (an unknown one is reported already)
-            sender = fleet.lineage(workspaces[spec.workspace].role)
-            receiver = fleet.lineage(workspaces[out.to].role)
-            if not any(s in sender and r in receiver for s, r in rows):
-                yield (f"may not send {out.envelope!r} from {spec.workspace!r} to {out.to!r}: "
-                       "no sender/receiver role pair of the type allows it")
-
-
-def _permission_rows(fleet: Fleet, etype: str) -> list[tuple[str, str]] | None:
-    """The (sender role, receiver role) rows of a type, as the fleet leaves the matrix."""
-    declared = [t for t in fleet.types if t.name == etype]
-    if not declared and etype not in BUILTIN_TYPES:
-        return None
-    rows = list(BUILTIN_TYPES.get(etype, ()))
-    for t in declared:
-        rows += [(s, r) for s in t.senders for r in t.receivers]
-    return rows
-
-
 __all__ = [
     "AGENT_NAMESPACE",
     "BUILTIN_ROLES",
     "BUILTIN_TYPES",
     "DEFAULT_LLM_CONN_ID",
+    "FORMAT_VERSION",
     "LLM_TOOLS",
     "MARK_TOOLS",
     "MAX_DEPTH",
@@ -697,11 +359,5 @@ __all__ = [
     "TypeDef",
     "UsageLimitsDef",
     "WorkspaceDef",
-    "check_references",
-    "checked",
-    "effective_originator",
-    "fleet_from_dict",
-    "load_fleet",
     "parse_duration",
-    "parse_fleet",
 ]
