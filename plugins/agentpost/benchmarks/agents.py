@@ -250,8 +250,9 @@ def _report(timings: Timings, calls: int, transports: list[str], verified: Any) 
                 line += f"  over direct: p95 {over:+.2f} ms, p50 x{p50 / d50:.2f}"
             report.add(f"{tool:<15} {path}", line)
     if not transports:
-        report.add("MCP", "not measured in this build (no agentpost MCP server; pass "
-                          "transports= to run() to add stdio and HTTP)")
+        report.add("MCP", "not measured in this build (agentpost.mcpserver is not yet wired "
+                          "in as a transport; pass transports= to run() to add stdio and "
+                          "HTTP)")
     report.add("trail after the run", f"{verified.entries:,} entries, "
                                       f"{'verified' if verified.ok else 'FAILED'}")
     report.goal(f"toolset overhead under {TOOLSET_GOAL_MS:g} ms at p95 over the direct call, "
