@@ -148,7 +148,8 @@ def release(name):
 
 
 def refunds(messages, info):
-    """Submit each requested refund as a command; tell the customer it awaits approval."""
+    """Submit each requested refund as a command (the call waits for a person); tell the
+    customer what the person decided."""
     if turn(messages) == 0:
         return ModelResponse(parts=[call("read_inbox", {"limit": 10}, 0)])
     inbox = [e for e in returned(messages, "read_inbox")[0]["envelopes"]
@@ -163,9 +164,10 @@ def refunds(messages, info):
     if turn(messages) == 2:
         calls = []
         for i, (env, command) in enumerate(zip(inbox, submitted, strict=True)):
+            status = {"confirmed": "approved"}.get(command["state"], command["state"])
             calls += [call("reply", {"envelope_id": env["envelope_id"], "type": "refund.status",
                                      "content": {"order": env["content"]["order"],
-                                                 "status": "awaiting approval",
+                                                 "status": status,
                                                  "command_id": command["command_id"]}}, i),
                       call("ack", {"envelope_id": env["envelope_id"]}, i)]
         return ModelResponse(parts=calls)
@@ -199,10 +201,40 @@ dags = {}
 for fleet in ("research_desk.yaml", "shared_staging.yaml", "refund_desk.yaml"):
     dags.update(agent_dags(HERE / fleet, agent_operator_class=ScriptedAgentOperator))
 
+def approve_as(person, stop, answered):
+    """A person approving, through Airflow's own HITL handler (the REST API's), every
+    approval request a task parks on."""
+    import time
+
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from airflow.api_fastapi.core_api.datamodels.hitl import UpdateHITLDetailPayload
+    from airflow.api_fastapi.core_api.routes.public.hitl import update_hitl_detail
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.state import TaskInstanceState
+
+    while not stop.is_set():
+        with create_session() as session:
+            ti = session.query(TaskInstance).filter_by(
+                state=TaskInstanceState.AWAITING_INPUT).first()
+            if ti is not None:
+                update_hitl_detail(
+                    dag_id=ti.dag_id, dag_run_id=ti.run_id, task_id=ti.task_id,
+                    update_hitl_detail_payload=UpdateHITLDetailPayload(
+                        chosen_options=["Approve"]),
+                    user=SimpleAuthManagerUser(username=person, role="admin"),
+                    session=session, map_index=ti.map_index)
+                answered.append(ti.dag_id)
+        time.sleep(0.3)
+
+
 if __name__ == "__main__":
+    import threading
+
     from airflow.utils.db import initdb
 
     initdb()
+    stop, answered = threading.Event(), []
+    threading.Thread(target=approve_as, args=("alice", stop, answered), daemon=True).start()
     for dag_id in json.loads(sys.argv[1]):
         run = dags[dag_id].test()
         with create_session() as session:
@@ -213,7 +245,9 @@ if __name__ == "__main__":
         print("AGENTPOST-STEP " + json.dumps({
             "dag": dag_id, "run": str(run.state), "run_id": run.run_id,
             "tasks": {ti.task_id: str(ti.state) for ti in run.get_task_instances()},
-            "said": json.loads(said) if isinstance(said, str) else said}), flush=True)
+            "said": json.loads(said) if isinstance(said, str) else said,
+            "approved": answered.count(dag_id)}), flush=True)
+    stop.set()
 '''
 
 
@@ -394,23 +428,27 @@ def check_shared_staging(store: EnvelopeStore, dsn: str, runs: dict[str, Any]) -
 
 def check_refund(store: EnvelopeStore, runs: dict[str, Any], refund: str) -> None:
     """The refund agent submitted one command `refund` for payments, keyed by the order, with
-    the order's arguments: it waits in confirmation_required, its context the agent's run.
-    The customer got a refund.status reply naming the command; the request was acked. Then
-    a person confirms it (the human highway), and only then is it confirmed."""
+    the order's arguments, and its task paused for a person (common-ai's tool approval). A
+    person, alice, approved the call in Airflow (its HITL handler): the command was confirmed
+    in the ledger with alice as the confirming person (the human highway: a
+    command.confirmation envelope from human:alice), before the approved call returned. The
+    customer got a refund.status reply saying approved and naming the command; the request
+    was acked by the resumed run (the lease the paused half took)."""
     (run,) = runs["agent_shop_refunds"]
+    assert run["approved"] == 1, run
     ((command_id, state),) = run["said"]["commands"]
-    assert state == "confirmation_required" and run["said"]["refused"] == []
+    assert state == "confirmed" and run["said"]["refused"] == [], run
     with CommandLedger(store) as ledger:
         view = ledger.find("support", "refund/A-1001")
         assert view is not None and view.command_id == command_id
-        assert view.state.value == "confirmation_required"
+        assert (view.state.value, view.confirmed_by) == ("confirmed", "human:alice"), view
         evidence = ledger.evidence(command_id)
         submitted = evidence[0].body
         assert submitted["action"] == "refund" and submitted["executor"] == "payments"
+        assert submitted["context"]["tool_call"]["run"]["attrs"]["dag_id"] == \
+            "agent_shop_refunds"
         (status,) = store.inbox("customers")
         assert (status.type, status.in_reply_to) == ("refund.status", refund)
-        assert json.loads(status.content) == {"order": "A-1001", "status": "awaiting approval",
+        assert json.loads(status.content) == {"order": "A-1001", "status": "approved",
                                               "command_id": command_id}
         assert store.get(refund).consumed_at is not None
-        decided = ledger.confirmation_envelope("alice", command_id, "confirm")
-        assert decided.state.value == "confirmed", decided

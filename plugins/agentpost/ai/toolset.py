@@ -13,15 +13,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from airflow.providers.common.ai.utils.toolset_base import AirflowToolset
 from pydantic import BaseModel
-from pydantic_ai.exceptions import ModelRetry
+from pydantic_ai.exceptions import ApprovalRequired, ModelRetry
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets.abstract import AbstractToolset, ToolsetTool
 from pydantic_ai.toolsets.wrapper import WrapperToolset
 
+from agentpost.ai import approval
 from agentpost.hooks import AgentpostHook
 from agentpost.marks import Agent, MarkType, Scope
 from agentpost.tools import TOOLS, AgentTools, RunInfo, ToolRefused
@@ -80,6 +81,11 @@ class AgentpostToolset(AirflowToolset):
     :param tools: the tool names to offer (default: all).
     :param lease_ttl: seconds a read_inbox lease lasts.
     :param max_retries: how often the model may correct a refused call (default: the run's).
+    :param command_approval: how a mutating `submit_command` waits for a person:
+        ``"airflow"`` (default) pauses the agent through common-ai's tool approval, the
+        command waiting in the ledger at the same time (agentpost.ai.approval; needs
+        `AgentOperator` on Airflow 3.3+, and outside a task it acts as ``"ledger"``);
+        ``"ledger"`` returns ``confirmation_required`` at once and the agent goes on.
     """
 
     agent_template_fields: Sequence[str] = ("workspace_id", "agentpost_conn_id", "space")
@@ -87,7 +93,8 @@ class AgentpostToolset(AirflowToolset):
     def __init__(self, workspace_id: str, *, agentpost_conn_id: str = "agentpost_default",
                  space: str | None = None, scopes: Sequence[Scope] = (),
                  agent: Agent | str | None = None, tools: Sequence[str] | None = None,
-                 lease_ttl: float = 300.0, max_retries: int | None = None) -> None:
+                 lease_ttl: float = 300.0, max_retries: int | None = None,
+                 command_approval: Literal["airflow", "ledger"] = "airflow") -> None:
         known = {spec.name for spec in TOOLS}
         if tools is not None and not set(tools) <= known:
             raise ValueError(f"unknown tools {sorted(set(tools) - known)}; known: {sorted(known)}")
@@ -99,8 +106,14 @@ class AgentpostToolset(AirflowToolset):
         self.tools = list(tools) if tools is not None else None
         self.lease_ttl = lease_ttl
         self._max_retries = max_retries
+        if command_approval not in ("airflow", "ledger"):
+            raise ValueError(f"command_approval must be 'airflow' or 'ledger', got "
+                             f"{command_approval!r}")
+        self.command_approval = command_approval
         self._seat: AgentTools | None = None
         self._closers: list[Any] = []
+        self._task: Any = None  # the task context, when a person is asked through Airflow
+        self._paused = False
 
     @property
     def id(self) -> str:
@@ -132,14 +145,21 @@ class AgentpostToolset(AirflowToolset):
             marks = PostgresMarkSpace(dsn=hook.get_dsn(), scopes=self.scopes, space=self.space)
             self._closers.append(marks)
             agent = self._agent()
-        self._seat = AgentTools(store, workspace_id=self.workspace_id, marks=marks,
-                                agent=agent, run=run_info(), lease_ttl=self.lease_ttl)
-        return self._seat
+        seat = AgentTools(store, workspace_id=self.workspace_id, marks=marks,
+                          agent=agent, run=run_info(), lease_ttl=self.lease_ttl)
+        self._task = approval.task_context() if self.command_approval == "airflow" else None
+        if self._task is not None:  # a run resumed after a person's answer: settle it first
+            approval.restore_leases(self._task, seat)
+            approval.settle(self._task, seat)
+        self._seat, self._paused = seat, False
+        return seat
 
     def _close(self) -> None:
         seat, self._seat = self._seat, None
         try:
-            if seat is not None:
+            if seat is not None and self._paused and self._task is not None:
+                approval.keep_leases(self._task, seat)  # the resumed run acknowledges them
+            elif seat is not None:
                 seat.release()
         finally:
             closers, self._closers = self._closers, []
@@ -170,10 +190,18 @@ class AgentpostToolset(AirflowToolset):
                            ctx: RunContext[Any], tool: ToolsetTool[Any]) -> dict[str, Any]:
         seat = await self.run_blocking(self._open)
         try:
-            return await self.run_blocking(seat.call, name, tool_args,
-                                           call_id=ctx.tool_call_id)
+            result = await self.run_blocking(seat.call, name, tool_args,
+                                             call_id=ctx.tool_call_id)
         except ToolRefused as exc:
             raise ModelRetry(exc.reason) from None
+        if (name == "submit_command" and self._task is not None
+                and result.get("state") == "confirmation_required"
+                and not ctx.tool_call_approved):
+            # SMCL's confirmation gate: pause for a person (agentpost.ai.approval)
+            await self.run_blocking(approval.remember, self._task, result["command_id"])
+            self._paused = True
+            raise ApprovalRequired(metadata={"command_id": result["command_id"]})
+        return result
 
     def guarded(self, toolset: AbstractToolset[Any], *, scope: str,
                 resource: str | Callable[[str, dict[str, Any]], str], intent_action: str,

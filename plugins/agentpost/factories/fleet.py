@@ -179,17 +179,21 @@ def llm_toolset(fleet: Fleet, spec: AgentDef, conn_id: str = DEFAULT_CONN_ID) ->
         space=fleet.space if marks else None, scopes=fleet.scopes if marks else (),
         agent=fleet.agent(spec.name) if marks else None,
         tools=list(spec.llm.tools) if spec.llm.tools is not None else None,
-        lease_ttl=float(spec.llm.lease_ttl), max_retries=spec.llm.max_retries)
+        lease_ttl=float(spec.llm.lease_ttl), max_retries=spec.llm.max_retries,
+        command_approval=spec.llm.command_approval)
 
 
 def _llm_task(fleet: Fleet, spec: AgentDef, operator: type[Any], conn_id: str) -> Any:
     llm = spec.llm
     assert llm is not None
     limits = llm.usage_limits.model_dump(exclude_none=True) if llm.usage_limits else None
+    timeout = (timedelta(seconds=llm.approval_timeout) if llm.approval_timeout is not None
+               else None)
     return operator(
         task_id="agent", prompt=llm.prompt, system_prompt=llm.system_prompt,
         llm_conn_id=llm.llm_conn_id, model_id=llm.model_id,
         toolsets=[llm_toolset(fleet, spec, conn_id)], usage_limits=limits or None,
+        tool_approval_timeout=timeout,
         doc_md=f"LLM agent **{spec.name}** of fleet `{fleet.name}`, seated as workspace "
                f"`{spec.workspace}`" + (f" in mark space `{fleet.space}`"
                                         if fleet.scopes else "") + ".")

@@ -210,6 +210,13 @@ class LlmDef(BaseModel):
     lease_ttl: Annotated[StrictFloat | StrictInt, Field(gt=0, le=86_400)] = 300
     #: how often the model may correct a refused tool call (default: the run's)
     max_retries: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    #: how a mutating command waits for a person: the agent pauses for Airflow's tool
+    #: approval ("airflow"), or the command waits in the ledger and the agent goes on
+    command_approval: Literal["airflow", "ledger"] = "airflow"
+    #: seconds a paused agent waits for the person's answer before its task fails
+    #: (default: no limit)
+    approval_timeout: Annotated[StrictFloat | StrictInt, Field(gt=0, le=30 * 86_400)
+                                ] | None = None
 
     @field_validator("tools")
     @classmethod

@@ -417,6 +417,18 @@ class AgentTools:
                 pass
         return returned
 
+    def held(self) -> dict[str, str]:
+        """The leases this run holds and has not settled: envelope id -> lease token."""
+        with self._lock:
+            return dict(self._leases)
+
+    def adopt(self, leases: Mapping[str, str]) -> None:
+        """Take over leases held by an earlier part of the same run (a run that paused for
+        a person and resumed in another process): `ack` may settle them, `release` returns
+        them."""
+        with self._lock:
+            self._leases.update(leases)
+
     # ---- marks -------------------------------------------------------------------------
 
     def _space(self) -> tuple[Any, Agent, Guard]:

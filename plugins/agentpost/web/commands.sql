@@ -39,3 +39,10 @@ SELECT agentpost.saga_view(%(id)s)
 
 -- name: saga_exists
 SELECT EXISTS (SELECT 1 FROM agentpost.sagas WHERE id = %(id)s)
+
+-- name: command_context
+-- The context the command was submitted with (its first evidence entry): the agent tools
+-- record there the run that submitted it (web/hitl.py).
+SELECT t.record::jsonb -> 'body' -> 'context'
+  FROM agentpost.trail t
+ WHERE t.chain = 'command:' || %(id)s AND t.chain_seq = 1

@@ -32,9 +32,10 @@ from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
 from agentpost.store.highway import recover_as_person
 from agentpost.store.sagas import SagaView
-from agentpost.web import actions
+from agentpost.web import actions, hitl
 from agentpost.web.auth import Actor, require_viewer, user_name
 from agentpost.web.context import Store
+from agentpost.web.links import task_instance_url
 from agentpost.web.render import page
 
 router = APIRouter(dependencies=[Depends(require_viewer)])
@@ -194,7 +195,16 @@ def command_detail(store: EnvelopeStore, command_id: str) -> dict[str, Any]:
             "highway": highway_options(view, recoveries),
             "recoveries": [r.report() for r in recoveries],
             "evidence": _evidence(store, view.command_id),
-            "saga": _saga(store, view)}
+            "saga": _saga(store, view), "waiting": _waiting(store, view)}
+
+
+def _waiting(store: EnvelopeStore, view: CommandView) -> dict[str, Any] | None:
+    """The Airflow task instance an agent's command was submitted from, while the command
+    waits for a person: its approval request is settled with the decision taken here."""
+    if view.state is not CommandState.CONFIRMATION_REQUIRED:
+        return None
+    task = hitl.waiting_task(store, view.command_id)
+    return {**task, "url": task_instance_url(**task)} if task else {}
 
 
 # ----------------------------------------------------------------------- pages
@@ -308,4 +318,66 @@ async def compensate(request: Request, store: Store, user: Actor,
     return await _highway_post(request, store, user, command_id, CommandKind.COMPENSATE)
 
 
-__all__ = ["command_detail", "highway_act", "highway_options", "list_commands", "router"]
+# ----------------------------------------------------------------------- a person decides
+
+
+def decide_act(store: EnvelopeStore, command_id: str, user: Any, approve: bool, note: str,
+               key: str) -> str:
+    """A person's confirmation or refusal of a command waiting for one (SMCL
+    ``confirmation_required``), through the human highway as ``human:<person>``, keyed by
+    the form's single-use key; the approval request of the agent's task that waits for it
+    is answered with the same decision (agentpost.web.hitl), or neither is."""
+    person = user_name(user)
+    with CommandLedger(store) as ledger:
+        view = ledger.view(_command_id(command_id))
+        if view.state is not CommandState.CONFIRMATION_REQUIRED:
+            raise Conflict(f"command {view.command_id} is {view.state.value}: it waits for "
+                           "no decision")
+        reason = note or f"declined on the agentpost page by {person}"
+        with hitl.answering(hitl.waiting_task(store, view.command_id), user, approve,
+                            reason):
+            ledger.confirmation_envelope(person, view.command_id,
+                                         "confirm" if approve else "decline",
+                                         envelope_id=f"page:{key}"[:120])
+    return f"/commands/{view.command_id}"
+
+
+async def _decide_post(request: Request, store: EnvelopeStore, user: Any, command_id: str,
+                       approve: bool) -> Response:
+    fields = await actions.form_fields(request)
+    note = _note(fields.get("note"), required=False)
+
+    def check() -> CommandView:
+        with CommandLedger(store) as ledger:
+            view = ledger.view(_command_id(command_id))
+        if view.state is not CommandState.CONFIRMATION_REQUIRED:
+            raise Conflict(f"command {view.command_id} is {view.state.value}: it waits for "
+                           "no decision")
+        return view
+
+    view = await asyncio.to_thread(check)
+    verb = "confirm" if approve else "decline"
+    what = ("the command may go on (SMCL: confirmed), recorded as your confirmation"
+            if approve else "the command will not run (SMCL: declined), recorded as yours")
+    return await actions.confirm_then(
+        request, title=f"{verb} command {view.command_id}", fields={"note": note},
+        summary=[("command", view.command_id), ("action", view.action),
+                 ("workspace → executor", f"{view.workspace} → {view.executor}"),
+                 ("args", json.dumps(view.args)), ("what happens", what),
+                 ("note", note or "—")],
+        back=f"/commands/{view.command_id}",
+        act=lambda key: decide_act(store, view.command_id, user, approve, note, key))
+
+
+@router.post("/commands/{command_id}/confirm")
+async def confirm(request: Request, store: Store, user: Actor, command_id: str) -> Response:
+    return await _decide_post(request, store, user, command_id, approve=True)
+
+
+@router.post("/commands/{command_id}/decline")
+async def decline(request: Request, store: Store, user: Actor, command_id: str) -> Response:
+    return await _decide_post(request, store, user, command_id, approve=False)
+
+
+__all__ = ["command_detail", "decide_act", "highway_act", "highway_options", "list_commands",
+           "router"]
