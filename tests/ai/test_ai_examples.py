@@ -101,7 +101,8 @@ def coordinator(messages, info):
                 "content": {"answers": [{"by": a["sender"], "text": a["content"],
                                          "answers": a["in_reply_to"]} for a in answers]}},
                 "report"))
-        return ModelResponse(parts=calls)
+        if calls:  # an empty inbox (an earlier run took it): nothing to do
+            return ModelResponse(parts=calls)
     sent = returned(messages, "send_envelope")
     return done(messages, sent=[s["type"] for s in sent],
                 acked=len(returned(messages, "ack")))
@@ -119,7 +120,8 @@ def researcher(name):
                                                 "type": "research.answer",
                                                 "content": f"{name} on: {env['content']}"}, i))
                 calls.append(call("ack", {"envelope_id": env["envelope_id"]}, i))
-            return ModelResponse(parts=calls)
+            if calls:
+                return ModelResponse(parts=calls)
         return done(messages, replied=len(returned(messages, "reply")))
     return answer
 
@@ -154,6 +156,8 @@ def refunds(messages, info):
         return ModelResponse(parts=[call("read_inbox", {"limit": 10}, 0)])
     inbox = [e for e in returned(messages, "read_inbox")[0]["envelopes"]
              if e["type"] == "refund.request"]
+    if turn(messages) == 1 and not inbox:  # an earlier run took it: nothing to do
+        return done(messages, commands=[])
     if turn(messages) == 1:
         return ModelResponse(parts=[call("submit_command", {
             "key": f"refund/{e['content']['order']}", "action": "refund",
@@ -164,14 +168,19 @@ def refunds(messages, info):
     if turn(messages) == 2:
         calls = []
         for i, (env, command) in enumerate(zip(inbox, submitted, strict=True)):
-            status = {"confirmed": "approved"}.get(command["state"], command["state"])
+            if isinstance(command, str):  # the person rejected the call: its reason
+                status, command_id = "declined", None
+            else:
+                status = {"confirmed": "approved"}.get(command["state"], command["state"])
+                command_id = command["command_id"]
             calls += [call("reply", {"envelope_id": env["envelope_id"], "type": "refund.status",
                                      "content": {"order": env["content"]["order"],
                                                  "status": status,
-                                                 "command_id": command["command_id"]}}, i),
+                                                 "command_id": command_id}}, i),
                       call("ack", {"envelope_id": env["envelope_id"]}, i)]
         return ModelResponse(parts=calls)
-    return done(messages, commands=[[c["command_id"], c["state"]] for c in submitted])
+    return done(messages, commands=[[c["command_id"], c["state"]] if isinstance(c, dict)
+                                    else [None, c] for c in submitted])
 
 
 SCRIPTS = {"agent_desk_coordinator": coordinator,

@@ -63,6 +63,30 @@ def test_an_llm_agent_dag_is_an_agent_operator_seated_as_the_agent() -> None:
     assert dag.schedule is None and "llm" in dag.tags  # on demand, as in the file
 
 
+def test_how_an_llm_agent_waits_for_a_person_is_the_fleets_to_say() -> None:
+    """By default a mutating command pauses the agent for Airflow's tool approval with no
+    time limit; `command_approval: ledger` lets it go on, `approval_timeout` becomes the
+    operator's tool_approval_timeout; anything else is refused naming the field."""
+    from datetime import timedelta
+
+    data = yaml.safe_load(STAGING.read_text())
+    fleet = fleet_from_dict(data, str(STAGING))
+    (task,) = agent_dag(fleet, "release-a").tasks
+    (seat,) = task.toolsets
+    assert (seat.command_approval, task.tool_approval_timeout) == ("airflow", None)
+    data["agents"][0]["llm"].update(command_approval="ledger", approval_timeout=3600)
+    (task,) = agent_dag(fleet_from_dict(data, str(STAGING)), "release-a").tasks
+    (seat,) = task.toolsets
+    assert (seat.command_approval, task.tool_approval_timeout) == (
+        "ledger", timedelta(hours=1))
+    for bad in ({"command_approval": "email"}, {"approval_timeout": 0},
+                {"approval_timeout": "soon"}):
+        data["agents"][0]["llm"].update(command_approval="airflow", approval_timeout=None)
+        data["agents"][0]["llm"].update(bad)
+        with pytest.raises(FleetError, match=next(iter(bad))):
+            fleet_from_dict(data, str(STAGING))
+
+
 def test_a_reactive_llm_agent_runs_on_its_inbox_asset_like_a_code_agent() -> None:
     """Reactive LLM agents are scheduled on the same inbox asset (InboxEventTrigger) as
     code agents, one run at a time; a fleet without scopes gives its seat no mark space."""

@@ -46,3 +46,10 @@ SELECT EXISTS (SELECT 1 FROM agentpost.sagas WHERE id = %(id)s)
 SELECT t.record::jsonb -> 'body' -> 'context'
   FROM agentpost.trail t
  WHERE t.chain = 'command:' || %(id)s AND t.chain_seq = 1
+
+-- name: decided_by
+-- Whether the page decision whose confirmation envelope is %(id)s was taken (the envelope
+-- exists, names the command and was consumed by the ledger when it decided).
+SELECT EXISTS (SELECT 1 FROM agentpost.envelopes
+                WHERE id = %(id)s AND consumed_at IS NOT NULL
+                  AND content::jsonb ->> 'command_id' = %(command_id)s)

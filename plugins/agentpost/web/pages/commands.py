@@ -201,7 +201,7 @@ def command_detail(store: EnvelopeStore, command_id: str) -> dict[str, Any]:
 def _waiting(store: EnvelopeStore, view: CommandView) -> dict[str, Any] | None:
     """The Airflow task instance an agent's command was submitted from, while the command
     waits for a person: its approval request is settled with the decision taken here."""
-    if view.state is not CommandState.CONFIRMATION_REQUIRED:
+    if view.state is not CommandState.CONFIRMATION_REQUIRED or view.declined:
         return None
     task = hitl.waiting_task(store, view.command_id)
     return {**task, "url": task_instance_url(**task)} if task else {}
@@ -328,31 +328,48 @@ def decide_act(store: EnvelopeStore, command_id: str, user: Any, approve: bool, 
     the form's single-use key; the approval request of the agent's task that waits for it
     is answered with the same decision (agentpost.web.hitl), or neither is."""
     person = user_name(user)
+    decision_id = f"page:{key}"[:120]
     with CommandLedger(store) as ledger:
         view = ledger.view(_command_id(command_id))
-        if view.state is not CommandState.CONFIRMATION_REQUIRED:
-            raise Conflict(f"command {view.command_id} is {view.state.value}: it waits for "
-                           "no decision")
+        if _decided_by(store, decision_id, view.command_id):
+            return f"/commands/{view.command_id}"  # a replay lands on the first post's act
+        if view.state is not CommandState.CONFIRMATION_REQUIRED or view.declined:
+            raise Conflict(f"command {view.command_id} is {_waits(view)}: it waits for no "
+                           "decision")
         reason = note or f"declined on the agentpost page by {person}"
         with hitl.answering(hitl.waiting_task(store, view.command_id), user, approve,
                             reason):
             ledger.confirmation_envelope(person, view.command_id,
                                          "confirm" if approve else "decline",
-                                         envelope_id=f"page:{key}"[:120])
+                                         envelope_id=decision_id)
     return f"/commands/{view.command_id}"
+
+
+def _waits(view: CommandView) -> str:
+    return "declined" if view.declined else view.state.value
+
+
+def _decided_by(store: EnvelopeStore, envelope_id: str, command_id: str) -> bool:
+    """Whether the confirmation envelope `envelope_id` (a page decision's key) decided
+    `command_id` already."""
+    return bool(store.db.scalar(Q["decided_by"], {"id": envelope_id,
+                                                 "command_id": command_id}))
 
 
 async def _decide_post(request: Request, store: EnvelopeStore, user: Any, command_id: str,
                        approve: bool) -> Response:
     fields = await actions.form_fields(request)
     note = _note(fields.get("note"), required=False)
+    confirming = (await request.form()).get("confirm") == "yes"
 
     def check() -> CommandView:
         with CommandLedger(store) as ledger:
             view = ledger.view(_command_id(command_id))
-        if view.state is not CommandState.CONFIRMATION_REQUIRED:
-            raise Conflict(f"command {view.command_id} is {view.state.value}: it waits for "
-                           "no decision")
+        # the confirmed act checks again (and lets a replay land on the first post's act)
+        if not confirming and (view.state is not CommandState.CONFIRMATION_REQUIRED
+                               or view.declined):
+            raise Conflict(f"command {view.command_id} is {_waits(view)}: it waits for no "
+                           "decision")
         return view
 
     view = await asyncio.to_thread(check)
