@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import anyio
@@ -62,11 +62,11 @@ def mounted(plugin: FastAPI) -> FastAPI:
     return outer
 
 
-@pytest.fixture
-def served(store: EnvelopeStore, dsn: str) -> Iterator[Served]:
-    """The plugin's app on a free loopback port (lifespan on), stopped afterwards; the port
-    is closed again when the test ends."""
-    app = mounted(create_app(dsn, mcp_space=SPACE, mcp_scopes=SCOPES))
+@contextmanager
+def serve(plugin: FastAPI, store: EnvelopeStore, dsn: str) -> Iterator[Served]:
+    """The plugin's app `plugin` on a free loopback port (lifespan on), stopped afterwards;
+    the port is closed again when the block ends."""
+    app = mounted(plugin)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -87,6 +87,13 @@ def served(store: EnvelopeStore, dsn: str) -> Iterator[Served]:
         assert not thread.is_alive()
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+@pytest.fixture
+def served(store: EnvelopeStore, dsn: str) -> Iterator[Served]:
+    """The plugin's app, with a mark space, served (`serve`) for the test."""
+    with serve(create_app(dsn, mcp_space=SPACE, mcp_scopes=SCOPES), store, dsn) as served:
+        yield served
 
 
 def session_with(served: Served, secret: str, body: Any) -> Any:
@@ -249,3 +256,42 @@ def test_without_the_mcp_sdk_the_endpoint_still_refuses_anonymous_callers(
         r = client.post("/agentpost/mcp", json=LIST, headers={"authorization": "Bearer abc"})
         assert r.status_code == 501, r.text
         assert "pip install 'airflow-agentpost[ai]'" in r.json()["error"]["message"]
+
+
+def post(served: Served, secret: str, body: Any) -> httpx.Response:
+    return httpx.post(served.url, json=body, timeout=10,
+                      headers={"authorization": f"Bearer {secret}",
+                               "accept": "application/json, text/event-stream"})
+
+
+def test_a_token_over_its_rate_gets_429_before_any_mcp_and_other_tokens_go_on(
+        store: EnvelopeStore, dsn: str) -> None:
+    """A bucket of 2 that refills once in 1000 s: a token's third request is 429 with
+    Retry-After, and its tool call writes nothing; another token has a bucket of its own; a
+    token's own rate (``token create --rate``) replaces the endpoint's."""
+    send = {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": "send_envelope",
+                       "arguments": {"to": "boss", "type": "query", "content": "x"}}}
+    app = create_app(dsn, mcp_options={"token_rate": 0.001, "token_burst": 2})
+    with serve(app, store, dsn) as served:
+        seed(store)
+        _, first = served.token("w1-agent", W1)
+        _, second = served.token("w1-other", W1)
+        _, own = served.tokens.create("w1-own", W1, rate=0.002, burst=5)
+        for body in (INITIALIZE, LIST):
+            r = post(served, first, body)
+            assert r.status_code == 200, r.text
+        before = written(dsn)
+        r = post(served, first, send)
+        assert r.status_code == 429, r.text
+        assert 900 <= int(r.headers["retry-after"]) <= 1000
+        error = r.json()["error"]
+        assert error["code"] == 429 and "rate limit of token w1-agent" in error["message"]
+        assert "result" not in r.json()
+        assert written(dsn) == before
+
+        r = post(served, second, send)
+        assert r.status_code == 200 and not r.json()["result"]["isError"], r.text
+        assert post(served, second, LIST).status_code == 200
+        assert post(served, second, LIST).status_code == 429
+        assert [post(served, own, LIST).status_code for _ in range(6)] == [200] * 5 + [429]
