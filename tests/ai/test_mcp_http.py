@@ -23,10 +23,22 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from agentpost.gateway.tokens import TokenStore
+from agentpost.mcpserver import mark_agent
 from agentpost.store import EnvelopeStore
 from agentpost.web.app import create_app
+from agentpost.web.mcpconfig import KEYS
+from agentpost.web.plugin import plugin_app
 from ai_support import SCOPES, written
-from mcp_support import SPACE, call_every_tool, check_refusals, error_text, result_json, seed
+from mcp_support import (
+    SCOPE_ARG,
+    SPACE,
+    TOOLS,
+    call_every_tool,
+    check_refusals,
+    error_text,
+    result_json,
+    seed,
+)
 
 W1 = ["senders:w1:send", "streams:agents/*/inbox:enqueue", "streams:agents/w1/inbox:subscribe"]
 W2 = ["senders:w2:send", "streams:agents/*/inbox:enqueue", "streams:agents/w2/inbox:subscribe"]
@@ -295,3 +307,132 @@ def test_a_token_over_its_rate_gets_429_before_any_mcp_and_other_tokens_go_on(
         assert post(served, second, LIST).status_code == 200
         assert post(served, second, LIST).status_code == 429
         assert [post(served, own, LIST).status_code for _ in range(6)] == [200] * 5 + [429]
+
+
+# ---- the app as the plugin mounts it: settings from Airflow's configuration ---------------
+
+MARK_TOOLS = {"read_marks", "write_mark", "claim"}
+FLEET = """
+version: 1
+name: staging
+space: releases
+scopes:
+  - name: environments
+    conflict_policy: first_writer
+    allowed_intent_verbs: [deploy]
+    allowed_action_verbs: [deployed]
+"""
+
+
+@pytest.fixture
+def airflow_settings(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Set ``[agentpost]`` options of Airflow's configuration (as AIRFLOW__AGENTPOST__*);
+    every MCP option not given is unset."""
+
+    def settle(**values: str) -> None:
+        for key in KEYS:
+            name = f"AIRFLOW__AGENTPOST__{key.upper()}"
+            if key in values:
+                monkeypatch.setenv(name, values[key])
+            else:
+                monkeypatch.delenv(name, raising=False)
+
+    return settle
+
+
+def tool_names(served: Served, secret: str) -> set[str]:
+    async def body(session: Any) -> set[str]:
+        return {t.name for t in (await session.list_tools()).tools}
+
+    return session_with(served, secret, body)
+
+
+def claim(served: Served, secret: str, args: dict[str, Any]) -> dict[str, Any]:
+    async def body(session: Any) -> dict[str, Any]:
+        return result_json(await session.call_tool("claim", args))
+
+    return session_with(served, secret, body)
+
+
+def test_the_plugin_app_offers_no_mark_tools_without_a_space(
+        store: EnvelopeStore, dsn: str, airflow_settings: Any) -> None:
+    airflow_settings()
+    with serve(plugin_app(dsn), store, dsn) as served:
+        seed(store)
+        _, secret = served.token("w1-agent", W1)
+        assert tool_names(served, secret) == TOOLS - MARK_TOOLS
+
+
+def test_the_plugin_app_with_mcp_space_offers_the_mark_tools_and_claims_go_through_the_guard(
+        store: EnvelopeStore, dsn: str, airflow_settings: Any) -> None:
+    airflow_settings(mcp_space=SPACE, mcp_scopes=f"{SCOPE_ARG}\n  reviews:review")
+    with serve(plugin_app(dsn), store, dsn) as served:
+        seed(store)
+        _, secret = served.token("w1-agent", W1)
+        assert tool_names(served, secret) == TOOLS
+        result = claim(served, secret, {"scope": "deploys", "resource": "api",
+                                        "action": "deploy"})
+        assert result["verdict"] == "ALLOW" and result["allowed"] is True
+        result = claim(served, secret, {"scope": "reviews", "resource": "pr-7",
+                                        "action": "review"})
+        assert result["verdict"] == "ALLOW"
+        before = written(dsn)
+
+        async def refused(session: Any) -> str:
+            return error_text(await session.call_tool(
+                "claim", {"scope": "deploys", "resource": "api", "action": "delete"}))
+
+        assert "not 'delete'" in session_with(served, secret, refused)
+        assert written(dsn) == before
+
+
+def test_the_plugin_app_with_mcp_fleet_uses_the_fleets_space_and_scopes(
+        store: EnvelopeStore, dsn: str, airflow_settings: Any, tmp_path: Any) -> None:
+    """The fleet's scope is first-writer: a second claim loses though more confident."""
+    fleet = tmp_path / "staging.yaml"
+    fleet.write_text(FLEET)
+    airflow_settings(mcp_fleet=str(fleet))
+    with serve(plugin_app(dsn), store, dsn) as served:
+        seed(store)
+        _, w1 = served.token("w1-agent", W1)
+        _, w2 = served.token("w2-agent", W2)
+        assert tool_names(served, w1) == TOOLS
+        first = claim(served, w1, {"scope": "environments", "resource": "staging",
+                                   "action": "deploy", "confidence": 0.2})
+        assert first["verdict"] == "ALLOW"
+        second = claim(served, w2, {"scope": "environments", "resource": "staging",
+                                    "action": "deploy", "confidence": 0.9})
+        assert second["verdict"] == "CONFLICT"
+        assert second["winning_agent"] == str(mark_agent("w1", []).id)
+    marks = store.db.fetchall("SELECT DISTINCT space FROM agentpost.marks")
+    assert [tuple(m) for m in marks] == [("releases",)]
+
+
+def test_the_plugin_app_rate_limit_is_a_setting(store: EnvelopeStore, dsn: str,
+                                               airflow_settings: Any) -> None:
+    airflow_settings(mcp_token_rate="0.001", mcp_token_burst="1")
+    with serve(plugin_app(dsn), store, dsn) as served:
+        seed(store)
+        _, secret = served.token("w1-agent", W1)
+        _, other = served.token("w1-other", W1)
+        assert [post(served, secret, LIST).status_code for _ in range(2)] == [200, 429]
+        assert post(served, other, LIST).status_code == 200
+
+
+def test_a_wrong_setting_fails_the_endpoint_alone_until_it_is_fixed(
+        store: EnvelopeStore, dsn: str, airflow_settings: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
+    airflow_settings(mcp_scopes=SCOPE_ARG)  # scopes of no space
+    with serve(plugin_app(dsn), store, dsn) as served:
+        seed(store)
+        _, secret = served.token("w1-agent", W1)
+        r = post(served, secret, LIST)
+        assert r.status_code == 500, r.text
+        assert "misconfigured" in r.json()["error"]["message"]
+        assert "mcp_scopes" not in r.text
+        assert "mcp_scopes needs mcp_space" in caplog.text
+        r = httpx.post(served.url, json=LIST, timeout=10,
+                       headers={"accept": "application/json, text/event-stream"})
+        assert r.status_code == 401
+        airflow_settings(mcp_space=SPACE, mcp_scopes=SCOPE_ARG)
+        assert tool_names(served, secret) == TOOLS
