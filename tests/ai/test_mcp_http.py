@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import anyio
@@ -23,10 +23,22 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from agentpost.gateway.tokens import TokenStore
+from agentpost.mcpserver import mark_agent
 from agentpost.store import EnvelopeStore
 from agentpost.web.app import create_app
+from agentpost.web.mcpconfig import KEYS
+from agentpost.web.plugin import plugin_app
 from ai_support import SCOPES, written
-from mcp_support import SPACE, call_every_tool, check_refusals, error_text, result_json, seed
+from mcp_support import (
+    SCOPE_ARG,
+    SPACE,
+    TOOLS,
+    call_every_tool,
+    check_refusals,
+    error_text,
+    result_json,
+    seed,
+)
 
 W1 = ["senders:w1:send", "streams:agents/*/inbox:enqueue", "streams:agents/w1/inbox:subscribe"]
 W2 = ["senders:w2:send", "streams:agents/*/inbox:enqueue", "streams:agents/w2/inbox:subscribe"]
@@ -62,11 +74,11 @@ def mounted(plugin: FastAPI) -> FastAPI:
     return outer
 
 
-@pytest.fixture
-def served(store: EnvelopeStore, dsn: str) -> Iterator[Served]:
-    """The plugin's app on a free loopback port (lifespan on), stopped afterwards; the port
-    is closed again when the test ends."""
-    app = mounted(create_app(dsn, mcp_space=SPACE, mcp_scopes=SCOPES))
+@contextmanager
+def serve(plugin: FastAPI, store: EnvelopeStore, dsn: str) -> Iterator[Served]:
+    """The plugin's app `plugin` on a free loopback port (lifespan on), stopped afterwards;
+    the port is closed again when the block ends."""
+    app = mounted(plugin)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -87,6 +99,13 @@ def served(store: EnvelopeStore, dsn: str) -> Iterator[Served]:
         assert not thread.is_alive()
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+@pytest.fixture
+def served(store: EnvelopeStore, dsn: str) -> Iterator[Served]:
+    """The plugin's app, with a mark space, served (`serve`) for the test."""
+    with serve(create_app(dsn, mcp_space=SPACE, mcp_scopes=SCOPES), store, dsn) as served:
+        yield served
 
 
 def session_with(served: Served, secret: str, body: Any) -> Any:
@@ -249,3 +268,171 @@ def test_without_the_mcp_sdk_the_endpoint_still_refuses_anonymous_callers(
         r = client.post("/agentpost/mcp", json=LIST, headers={"authorization": "Bearer abc"})
         assert r.status_code == 501, r.text
         assert "pip install 'airflow-agentpost[ai]'" in r.json()["error"]["message"]
+
+
+def post(served: Served, secret: str, body: Any) -> httpx.Response:
+    return httpx.post(served.url, json=body, timeout=10,
+                      headers={"authorization": f"Bearer {secret}",
+                               "accept": "application/json, text/event-stream"})
+
+
+def test_a_token_over_its_rate_gets_429_before_any_mcp_and_other_tokens_go_on(
+        store: EnvelopeStore, dsn: str) -> None:
+    """A bucket of 2 that refills once in 1000 s: a token's third request is 429 with
+    Retry-After, and its tool call writes nothing; another token has a bucket of its own; a
+    token's own rate (``token create --rate``) replaces the endpoint's."""
+    send = {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": "send_envelope",
+                       "arguments": {"to": "boss", "type": "query", "content": "x"}}}
+    app = create_app(dsn, mcp_options={"token_rate": 0.001, "token_burst": 2})
+    with serve(app, store, dsn) as served:
+        seed(store)
+        _, first = served.token("w1-agent", W1)
+        _, second = served.token("w1-other", W1)
+        _, own = served.tokens.create("w1-own", W1, rate=0.002, burst=5)
+        for body in (INITIALIZE, LIST):
+            r = post(served, first, body)
+            assert r.status_code == 200, r.text
+        before = written(dsn)
+        r = post(served, first, send)
+        assert r.status_code == 429, r.text
+        assert 900 <= int(r.headers["retry-after"]) <= 1000
+        error = r.json()["error"]
+        assert error["code"] == 429 and "rate limit of token w1-agent" in error["message"]
+        assert "result" not in r.json()
+        assert written(dsn) == before
+
+        r = post(served, second, send)
+        assert r.status_code == 200 and not r.json()["result"]["isError"], r.text
+        assert post(served, second, LIST).status_code == 200
+        assert post(served, second, LIST).status_code == 429
+        assert [post(served, own, LIST).status_code for _ in range(6)] == [200] * 5 + [429]
+
+
+# ---- the app as the plugin mounts it: settings from Airflow's configuration ---------------
+
+MARK_TOOLS = {"read_marks", "write_mark", "claim"}
+FLEET = """
+version: 1
+name: staging
+space: releases
+scopes:
+  - name: environments
+    conflict_policy: first_writer
+    allowed_intent_verbs: [deploy]
+    allowed_action_verbs: [deployed]
+"""
+
+
+@pytest.fixture
+def airflow_settings(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Set ``[agentpost]`` options of Airflow's configuration (as AIRFLOW__AGENTPOST__*);
+    every MCP option not given is unset."""
+
+    def settle(**values: str) -> None:
+        for key in KEYS:
+            name = f"AIRFLOW__AGENTPOST__{key.upper()}"
+            if key in values:
+                monkeypatch.setenv(name, values[key])
+            else:
+                monkeypatch.delenv(name, raising=False)
+
+    return settle
+
+
+def tool_names(served: Served, secret: str) -> set[str]:
+    async def body(session: Any) -> set[str]:
+        return {t.name for t in (await session.list_tools()).tools}
+
+    return session_with(served, secret, body)
+
+
+def claim(served: Served, secret: str, args: dict[str, Any]) -> dict[str, Any]:
+    async def body(session: Any) -> dict[str, Any]:
+        return result_json(await session.call_tool("claim", args))
+
+    return session_with(served, secret, body)
+
+
+def test_the_plugin_app_offers_no_mark_tools_without_a_space(
+        store: EnvelopeStore, dsn: str, airflow_settings: Any) -> None:
+    airflow_settings()
+    with serve(plugin_app(dsn), store, dsn) as served:
+        seed(store)
+        _, secret = served.token("w1-agent", W1)
+        assert tool_names(served, secret) == TOOLS - MARK_TOOLS
+
+
+def test_the_plugin_app_with_mcp_space_offers_the_mark_tools_and_claims_go_through_the_guard(
+        store: EnvelopeStore, dsn: str, airflow_settings: Any) -> None:
+    airflow_settings(mcp_space=SPACE, mcp_scopes=f"{SCOPE_ARG}\n  reviews:review")
+    with serve(plugin_app(dsn), store, dsn) as served:
+        seed(store)
+        _, secret = served.token("w1-agent", W1)
+        assert tool_names(served, secret) == TOOLS
+        result = claim(served, secret, {"scope": "deploys", "resource": "api",
+                                        "action": "deploy"})
+        assert result["verdict"] == "ALLOW" and result["allowed"] is True
+        result = claim(served, secret, {"scope": "reviews", "resource": "pr-7",
+                                        "action": "review"})
+        assert result["verdict"] == "ALLOW"
+        before = written(dsn)
+
+        async def refused(session: Any) -> str:
+            return error_text(await session.call_tool(
+                "claim", {"scope": "deploys", "resource": "api", "action": "delete"}))
+
+        assert "not 'delete'" in session_with(served, secret, refused)
+        assert written(dsn) == before
+
+
+def test_the_plugin_app_with_mcp_fleet_uses_the_fleets_space_and_scopes(
+        store: EnvelopeStore, dsn: str, airflow_settings: Any, tmp_path: Any) -> None:
+    """The fleet's scope is first-writer: a second claim loses though more confident."""
+    fleet = tmp_path / "staging.yaml"
+    fleet.write_text(FLEET)
+    airflow_settings(mcp_fleet=str(fleet))
+    with serve(plugin_app(dsn), store, dsn) as served:
+        seed(store)
+        _, w1 = served.token("w1-agent", W1)
+        _, w2 = served.token("w2-agent", W2)
+        assert tool_names(served, w1) == TOOLS
+        first = claim(served, w1, {"scope": "environments", "resource": "staging",
+                                   "action": "deploy", "confidence": 0.2})
+        assert first["verdict"] == "ALLOW"
+        second = claim(served, w2, {"scope": "environments", "resource": "staging",
+                                    "action": "deploy", "confidence": 0.9})
+        assert second["verdict"] == "CONFLICT"
+        assert second["winning_agent"] == str(mark_agent("w1", []).id)
+    marks = store.db.fetchall("SELECT DISTINCT space FROM agentpost.marks")
+    assert [tuple(m) for m in marks] == [("releases",)]
+
+
+def test_the_plugin_app_rate_limit_is_a_setting(store: EnvelopeStore, dsn: str,
+                                               airflow_settings: Any) -> None:
+    airflow_settings(mcp_token_rate="0.001", mcp_token_burst="1")
+    with serve(plugin_app(dsn), store, dsn) as served:
+        seed(store)
+        _, secret = served.token("w1-agent", W1)
+        _, other = served.token("w1-other", W1)
+        assert [post(served, secret, LIST).status_code for _ in range(2)] == [200, 429]
+        assert post(served, other, LIST).status_code == 200
+
+
+def test_a_wrong_setting_fails_the_endpoint_alone_until_it_is_fixed(
+        store: EnvelopeStore, dsn: str, airflow_settings: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
+    airflow_settings(mcp_scopes=SCOPE_ARG)  # scopes of no space
+    with serve(plugin_app(dsn), store, dsn) as served:
+        seed(store)
+        _, secret = served.token("w1-agent", W1)
+        r = post(served, secret, LIST)
+        assert r.status_code == 500, r.text
+        assert "misconfigured" in r.json()["error"]["message"]
+        assert "mcp_scopes" not in r.text
+        assert "mcp_scopes needs mcp_space" in caplog.text
+        r = httpx.post(served.url, json=LIST, timeout=10,
+                       headers={"accept": "application/json, text/event-stream"})
+        assert r.status_code == 401
+        airflow_settings(mcp_space=SPACE, mcp_scopes=SCOPE_ARG)
+        assert tool_names(served, secret) == TOOLS

@@ -73,6 +73,24 @@ def canonical_stream(value: object) -> tuple[str, str]:
     return stream_of(workspace), workspace
 
 
+def token_limit(who: TokenInfo, rate: float | None, burst: int) -> Limit | None:
+    """The bucket of a token: its own rate and burst (``agentpost token create --rate``),
+    else `rate` and `burst` (an endpoint's default); None when neither sets a limit."""
+    if who.rate is not None and who.burst is not None:
+        return Limit(f"token:{who.id}", who.rate, who.burst)
+    if rate is None:
+        return None
+    return Limit(f"token:{who.id}", rate, burst)
+
+
+def charge(limiter: RateLimiter, limit: Limit | None, *, what: str) -> None:
+    """Take one token of `limit`'s bucket; 429 (with the wait) when it is empty."""
+    wait = limiter.acquire(limit)
+    if wait > 0:
+        raise GatewayError(429, f"rate limit of {what} exceeded; retry later",
+                           retry_after=wait)
+
+
 class Gateway:
     """What the routes and sessions share: the store, the tokens, the limits, the hub."""
 
@@ -111,11 +129,7 @@ class Gateway:
         return who
 
     def _token_limit(self, who: TokenInfo) -> Limit | None:
-        if who.rate is not None and who.burst is not None:
-            return Limit(f"token:{who.id}", who.rate, who.burst)
-        if self.config.token_rate is None:
-            return None
-        return Limit(f"token:{who.id}", self.config.token_rate, self.config.token_burst)
+        return token_limit(who, self.config.token_rate, self.config.token_burst)
 
     def limit_stream(self, stream: str) -> None:
         if self.config.stream_rate is not None:
@@ -123,10 +137,7 @@ class Gateway:
                              self.config.stream_burst), what=f"stream {stream}")
 
     def limit(self, limit: Limit | None, *, what: str) -> None:
-        wait = self.limiter.acquire(limit)
-        if wait > 0:
-            raise GatewayError(429, f"rate limit of {what} exceeded; retry later",
-                               retry_after=wait)
+        charge(self.limiter, limit, what=what)
 
     @staticmethod
     def require(who: TokenInfo, kind: str, resource: str, action: str) -> None:

@@ -2,7 +2,11 @@
 
 Every request presents a gateway capability token (``Authorization: Bearer <secret>``,
 `agentpost.gateway.tokens`): without one, or with an unknown or revoked one, it gets 401
-before anything of MCP answers. The token fixes the seat (`TokenSeat`): its one
+before anything of MCP answers. Then it spends one token of the token's bucket, as on the
+gateway's routes (`agentpost.gateway.ratelimit`: the token's own rate, else `token_rate` and
+`token_burst` here); an empty bucket is 429 with Retry-After, again before any MCP. The
+endpoint keeps its own buckets, apart from the gateway's. The token fixes the seat
+(`TokenSeat`): its one
 ``senders:<workspace>:send`` scope names the workspace it acts as (a token naming none, or
 several, or a wildcard gets 403), and its ``streams`` scopes bound whom it may send to and
 whether it may read that workspace's inbox. No tool argument can name another seat.
@@ -25,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,8 +37,9 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.responses import JSONResponse
 
-from agentpost.gateway.core import bearer
+from agentpost.gateway.core import GatewayConfig, bearer, charge, token_limit
 from agentpost.gateway.errors import GatewayError
+from agentpost.gateway.ratelimit import Clock, Limit, RateLimiter
 from agentpost.gateway.tokens import TokenInfo, TokenStore
 from agentpost.marks import Scope
 from agentpost.mcpserver.seat import TokenSeat, mark_agent, token_workspace
@@ -70,13 +76,23 @@ class MCPEndpoint:
         tools; None: no mark tools. Each token's mark-space agent is named after its
         workspace.
     :param scopes: that space's scopes.
+    :param token_rate: requests per second of a token's bucket, when the token has no rate
+        of its own (None: no limit); `token_burst` its size. The gateway's defaults.
     """
 
     def __init__(self, *, space: str | None = None, scopes: Sequence[Scope] = (),
-                 lease_ttl: float = 300.0) -> None:
+                 lease_ttl: float = 300.0,
+                 token_rate: float | None = GatewayConfig.token_rate,
+                 token_burst: int = GatewayConfig.token_burst,
+                 clock: Clock = time.monotonic) -> None:
         self.space = space
         self.scopes = list(scopes)
         self.lease_ttl = lease_ttl
+        self.token_rate = token_rate
+        self.token_burst = token_burst
+        if token_rate is not None:  # a bad setting fails here, not on some request
+            Limit("token", token_rate, token_burst)
+        self.limiter = RateLimiter(clock)
         self.server = build_server(_seat_of)
         self._runner: tuple[Any, asyncio.Task[None], asyncio.Event, asyncio.Future[Any]] | None
         self._runner = None
@@ -91,8 +107,11 @@ class MCPEndpoint:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope.get("headers", [])}
         try:
-            seat = await self._authenticate(scope["app"].state.agentpost,
-                                             headers.get("authorization"))
+            context = scope["app"].state.agentpost
+            token = await self._authenticate(context, headers.get("authorization"))
+            charge(self.limiter, token_limit(token, self.token_rate, self.token_burst),
+                   what=f"token {token.name}")
+            seat = await self._in_store(self._seat, context, token)
         except GatewayError as exc:
             await JSONResponse(exc.body(), exc.code, headers=exc.headers())(scope, receive, send)
             return
@@ -101,22 +120,27 @@ class MCPEndpoint:
 
     # ---- the token and its seat ---------------------------------------------------------
 
-    async def _authenticate(self, context: Any, authorization: str | None) -> TokenSeat:
+    async def _authenticate(self, context: Any, authorization: str | None) -> TokenInfo:
         secret = bearer(authorization)
         if secret is None:
             raise GatewayError(401, "a token is required: Authorization: Bearer <secret>")
+        token = await self._in_store(lambda: TokenStore(context.store).authenticate(secret))
+        if token is None:
+            raise GatewayError(401, "unknown or revoked token")
+        return token
+
+    @staticmethod
+    async def _in_store(fn: Any, *args: Any) -> Any:
+        """`fn(*args)` in a thread; a store failure is 503 (the details to the log only)."""
         try:
-            return await asyncio.to_thread(self._seat, context, secret)
+            return await asyncio.to_thread(fn, *args)
         except StoreError as exc:
             log.warning("agentpost MCP: the store failed while authenticating: %s", exc)
             raise GatewayError(503, "the agentpost store is unavailable; try again "
                                     "later") from None
 
-    def _seat(self, context: Any, secret: str) -> TokenSeat:
+    def _seat(self, context: Any, token: TokenInfo) -> TokenSeat:
         store = context.store
-        token = TokenStore(store).authenticate(secret)
-        if token is None:
-            raise GatewayError(401, "unknown or revoked token")
         workspace = token_workspace(token)
         if workspace is None:
             raise GatewayError(403, f"token {token.name!r} acts as no single workspace: an "

@@ -21,7 +21,15 @@ path and query parameters are checked here, once, before any reaches the store
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+import logging
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    MutableMapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -35,6 +43,8 @@ from agentpost.web.context import WebContext
 from agentpost.web.pages import PAGE_ROUTERS
 
 STATIC = Path(__file__).with_name("static")
+
+log = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
@@ -73,13 +83,18 @@ class LazyGateway:
             self._app = None
 
 
-class LazyMCP:
-    """The MCP endpoint (`agentpost.mcpserver.http.MCPEndpoint`), imported on its first
-    request: the `mcp` SDK comes with the ``ai`` extra, and the page works without it.
-    Without it the endpoint still refuses anonymous callers (401) and tells the others what
-    to install (501)."""
+MCPOptions = Mapping[str, Any] | Callable[[], Mapping[str, Any]]
 
-    def __init__(self, **options: Any) -> None:
+
+class LazyMCP:
+    """The MCP endpoint (`agentpost.mcpserver.http.MCPEndpoint`), imported and built on its
+    first request: the `mcp` SDK comes with the ``ai`` extra, and the page works without it.
+    Without it the endpoint still refuses anonymous callers (401) and tells the others what
+    to install (501). `options` are the endpoint's keyword arguments, or a function returning
+    them, called then (the plugin's reads Airflow's configuration); when they are wrong, the
+    others get 500 and the reason goes to the log, and the next request tries again."""
+
+    def __init__(self, options: MCPOptions) -> None:
         self.options = options
         self._endpoint: Any = None
 
@@ -88,19 +103,28 @@ class LazyMCP:
             try:
                 from agentpost.mcpserver.http import MCPEndpoint
             except ImportError:
-                await self._unavailable(scope, receive, send)
+                await self._refuse(scope, receive, send, 501, "the MCP endpoint needs the mcp "
+                                   "SDK: pip install 'airflow-agentpost[ai]'")
                 return
-            self._endpoint = MCPEndpoint(**self.options)
+            try:
+                options = self.options() if callable(self.options) else self.options
+                endpoint = MCPEndpoint(**options)
+            except Exception:
+                log.exception("agentpost MCP: the endpoint's settings are wrong")
+                await self._refuse(scope, receive, send, 500, "the MCP endpoint is "
+                                   "misconfigured; see the API server's log")
+                return
+            self._endpoint = endpoint
         await self._endpoint(scope, receive, send)
 
     @staticmethod
-    async def _unavailable(scope: Scope, receive: Any, send: Any) -> None:
+    async def _refuse(scope: Scope, receive: Any, send: Any, code: int, text: str) -> None:
+        """`code` and `text` to a caller presenting credentials; 401 to the others."""
         from fastapi.responses import JSONResponse
 
         signed = any(k.lower() == b"authorization" for k, _ in scope.get("headers", []))
-        code, text = ((501, "the MCP endpoint needs the mcp SDK: "
-                            "pip install 'airflow-agentpost[ai]'") if signed else
-                      (401, "a token is required: Authorization: Bearer <secret>"))
+        if not signed:
+            code, text = 401, "a token is required: Authorization: Bearer <secret>"
         headers = {} if signed else {"WWW-Authenticate": "Bearer"}
         await JSONResponse({"error": {"code": code, "message": text}}, code,
                            headers=headers)(scope, receive, send)
@@ -146,14 +170,23 @@ def _static_router() -> APIRouter:
 
 
 def create_app(dsn: str | None = None, *, mcp_space: str | None = None,
-               mcp_scopes: Sequence[Any] = ()) -> FastAPI:
+               mcp_scopes: Sequence[Any] = (), mcp_options: MCPOptions | None = None
+               ) -> FastAPI:
     """The agentpost page. `dsn`: the store; by default the Airflow connection
     ``agentpost_default``, else AGENTPOST_DSN, looked up on the first request.
     `mcp_space`, `mcp_scopes`: the mark space (and its scopes) whose tools the MCP endpoint
-    offers; none by default."""
+    offers; none by default. `mcp_options`: the endpoint's keyword arguments
+    (`MCPEndpoint`: ``space``, ``scopes``, ``token_rate``, ``token_burst``, ``lease_ttl``),
+    or a function returning them, called on its first request; the plugin passes
+    `agentpost.web.mcpconfig.airflow_mcp_options` (the ``[agentpost]`` section of
+    Airflow's configuration). A space goes either here or in `mcp_space`, not both."""
+    if mcp_options is not None and (mcp_space is not None or mcp_scopes):
+        raise TypeError("give the MCP endpoint's mark space in mcp_options or as mcp_space "
+                        "and mcp_scopes, not both")
     context = WebContext(dsn)
     gateway = LazyGateway()
-    mcp = LazyMCP(space=mcp_space, scopes=mcp_scopes)
+    mcp = LazyMCP(mcp_options if mcp_options is not None else
+                  {"space": mcp_space, "scopes": mcp_scopes})
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
