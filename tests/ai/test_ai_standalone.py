@@ -95,6 +95,9 @@ def test_the_desks_under_airflow_standalone(store: EnvelopeStore, dsn: str,
         for dag_id in (*DESK, REFUNDS):
             client.wait_for_dag(dag_id)
             client.unpause(dag_id)
+        # an inbox watcher announces what arrives once it runs: wait for the four
+        wait_until(lambda: store.db.scalar("SELECT count(*) FROM agentpost.event_watchers")
+                   >= 1 + len(DESK), RUN_TIMEOUT, "the triggerer to run the inbox watchers")
         request = store.send("newsroom", "desk", "research.request",
                              "What limits battery life in the cold?").envelope_id
         first = store.send("customers", "support", "refund.request",

@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from agentpost.marks.postgres import PostgresMarkSpace
 from agentpost.store import EnvelopeStore
 from agentpost.tools import AgentTools, RunInfo
+from ai_support import SCOPES, agent
 from agentpost.web.links import parse_af_ref, run_link
 from web_support import Web, airflow_web
 
@@ -29,9 +31,11 @@ TI_URL = ("/dags/desk/runs/manual__2026-11-27T10%3A00%3A00%2B00%3A00/tasks/agent
 
 @pytest.fixture(scope="module")
 def calls(module_dsn: str) -> Iterator[dict[str, Any]]:
-    """boss directs w1; w1's Airflow run reads its inbox, acks, sends a query back and
-    submits a command; w2's MCP run sends one envelope. What each call returned."""
-    with EnvelopeStore(module_dsn) as store:
+    """boss directs w1; w1's Airflow run reads its inbox, acks, sends a query back,
+    submits a command, writes an observation and claims a resource (an intent); w2's MCP
+    run sends one envelope. What each call returned."""
+    with (EnvelopeStore(module_dsn) as store,
+          PostgresMarkSpace(dsn=module_dsn, scopes=SCOPES, space="desk") as space):
         store.create_workspace("coordinator", workspace_id="boss")
         store.create_workspace("worker", parent="boss", workspace_id="w1")
         store.create_workspace("worker", parent="boss", workspace_id="w2")
@@ -47,10 +51,17 @@ def calls(module_dsn: str) -> Iterator[dict[str, Any]]:
         command = w1.call("submit_command", {"key": "k1", "action": "query",
                                              "executor": "boss", "mutating": False},
                           call_id="c4")
+        marker = AgentTools(store, workspace_id="w1", marks=space, agent=agent("w1-agent"),
+                            run=AF)
+        seen = marker.call("write_mark", {"kind": "observation", "scope": "deploys",
+                                          "topic": "health", "content": "green",
+                                          "confidence": 0.8}, call_id="c5")
+        claim = marker.call("claim", {"scope": "deploys", "resource": "api",
+                                      "action": "deploy"}, call_id="c6")
         over_mcp = w2.call("send_envelope", {"to": "boss", "type": "query",
                                              "content": "from mcp"}, call_id="mcp:7")
         yield {"directive": directive, "read": read, "query": query, "command": command,
-               "mcp": over_mcp}
+               "mcp": over_mcp, "seen": seen, "claim": claim}
 
 
 @pytest.fixture(scope="module")
@@ -72,11 +83,17 @@ def test_a_seat_shows_its_tool_calls_newest_first_linked_to_the_task(
     assert response.status_code == 200
     rows = _rows(response.text)
     assert [(r["kind"], r["tool"]) for r in rows] == [
-        ("command", "submit_command"), ("envelope", "send_envelope"), ("ack", "ack"),
-        ("lease", "read_inbox")]
+        ("mark", "claim"), ("mark", "write_mark"), ("command", "submit_command"),
+        ("envelope", "send_envelope"), ("ack", "ack"), ("lease", "read_inbox")]
     assert {r["ref"] for r in rows} == {AF.ref}
     for r in rows:
         assert f'href="{TI_URL}"' in r["row"], r
+    assert calls["claim"]["verdict"] == "ALLOW" and calls["claim"]["intent_id"]
+    assert f'href="/agentpost/marks/{calls["claim"]["intent_id"]}?space=desk"' in rows[0]["row"]
+    assert "intent in deploys" in rows[0]["row"] and "api" in rows[0]["row"]
+    assert f'href="/agentpost/marks/{calls["seen"]["mark_id"]}?space=desk"' in rows[1]["row"]
+    assert "observation in deploys" in rows[1]["row"]
+    rows = rows[2:]
     query = calls["query"]["envelope_id"]
     directive = calls["directive"]["envelope_id"]
     assert f'href="/agentpost/envelopes/{query}"' in rows[1]["row"]
@@ -95,10 +112,10 @@ def test_an_mcp_run_shows_its_transport_and_no_task_link(web: Web) -> None:
 
 
 def test_the_limit_keeps_the_newest(web: Web) -> None:
-    rows = _rows(web.client("viewer").get("/agentpost/agents/w1?limit=2").text)
-    assert [r["kind"] for r in rows] == ["command", "envelope"]
+    rows = _rows(web.client("viewer").get("/agentpost/agents/w1?limit=3").text)
+    assert [r["tool"] for r in rows] == ["claim", "write_mark", "submit_command"]
     data = web.client("viewer").get("/agentpost/api/agents/w1?limit=1").json()
-    assert [c["kind"] for c in data["calls"]] == ["command"]
+    assert [(c["kind"], c["tool"]) for c in data["calls"]] == [("mark", "claim")]
     assert data["calls"][0]["run"]["url"] == TI_URL
 
 
@@ -106,7 +123,7 @@ def test_the_index_lists_seats_with_their_latest_call(web: Web) -> None:
     page = web.client("viewer").get("/agentpost/agents").text
     assert 'href="/agentpost/agents"' in page and 'aria-current="page">Agents' in page
     w1 = re.search(r'<tr data-workspace="w1">(.*?)</tr>', page, re.S)[1]
-    assert "submit_command" in w1 and f'href="{TI_URL}"' in w1
+    assert "claim" in w1 and f'href="{TI_URL}"' in w1
     w2 = re.search(r'<tr data-workspace="w2">(.*?)</tr>', page, re.S)[1]
     assert "MCP (stdio)" in w2
     boss = re.search(r'<tr data-workspace="boss">(.*?)</tr>', page, re.S)[1]

@@ -289,3 +289,10 @@ DELETE FROM agentpost.marks d
  USING doomed
  WHERE d.id = doomed.id
 RETURNING d.id
+
+-- name: record_runs
+-- The run that wrote these marks (sql/0079); a mark recorded already keeps its first run.
+INSERT INTO agentpost.mark_runs (space, mark_id, workspace, tool, call_id, run)
+SELECT %(space)s, m, %(workspace)s, %(tool)s, %(call_id)s, %(run)s::jsonb
+  FROM unnest(%(mark_ids)s::uuid[]) AS m
+    ON CONFLICT (space, mark_id) DO NOTHING

@@ -474,7 +474,16 @@ class AgentTools:
                                  blocking=args.blocking, priority=args.priority)
         with refusals():
             mark_id = guard.write_mark(agent, build())
+        self._record_run([mark_id], "write_mark", call_id)
         return MarkWritten(mark_id=str(mark_id), kind=args.kind, scope=args.scope)
+
+    def _record_run(self, mark_ids: list[Any], tool: str, call_id: str | None) -> None:
+        """Record the run with the marks this call wrote, where the space keeps runs (a
+        `PostgresMarkSpace`: agentpost.mark_runs): a mark has no field of its own for it."""
+        record = getattr(self.marks, "record_run", None)
+        if record is not None and mark_ids:
+            record(mark_ids, workspace=self.workspace_id, tool=tool, call_id=call_id,
+                   run=self.run.model_dump(mode="json"))
 
     def claim(self, args: ClaimArgs, *, call_id: str | None = None) -> ClaimResult:
         space, agent, guard = self._space()
@@ -487,6 +496,7 @@ class AgentTools:
                                   f"{args.action!r}")
             decision = guard.pre_action(agent, args.scope, args.resource, args.action,
                                         args.confidence)
+        self._record_run([decision.intent_id] if decision.intent_id else [], "claim", call_id)
         winner = decision.winning_intent or decision.winning_action
         return ClaimResult(
             verdict=decision.verdict.name, allowed=decision.verdict is GuardVerdict.ALLOW,

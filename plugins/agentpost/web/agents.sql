@@ -12,7 +12,7 @@ SELECT w.id
 
 -- name: calls
 -- kind, at, sort key, tool, envelope id, command id, type or action, to, the run (the
--- recorded RunInfo, or the lease holder), state, newest first. Envelopes, leases and acks
+-- recorded RunInfo, or the lease holder), state, mark id and its space, newest first. Envelopes, leases and acks
 -- are looked for among the last %(window)s entries of the seat's chain (every envelope it
 -- sent or received adds some), commands among its last %(scan)s.
 WITH recent AS MATERIALIZED (  -- the chain's last %(window)s entries: a bounded walk
@@ -26,7 +26,8 @@ SELECT * FROM (
     SELECT 'envelope' AS kind, s.at, lpad(s.id::text, 20, '0') AS key,
            e.meta -> 'tool_call' ->> 'tool' AS tool, e.id AS envelope_id,
            NULL::text AS command_id, e.type AS what, e.recipient AS "to",
-           e.meta -> 'tool_call' -> 'run' AS run, NULL::text AS holder, e.status AS state
+           e.meta -> 'tool_call' -> 'run' AS run, NULL::text AS holder, e.status AS state,
+           NULL::text AS mark_id, NULL::text AS space
       FROM (SELECT t.id, t.at, t.envelope_id
               FROM recent t
              WHERE t.event = 'envelope_created'
@@ -40,7 +41,7 @@ SELECT * FROM (
            lpad(s.id::text, 20, '0'),
            CASE s.event WHEN 'envelope_leased' THEN 'read_inbox' ELSE 'ack' END,
            s.envelope_id, NULL, e.type, e.recipient, NULL,
-           s.record::jsonb -> 'body' ->> 'holder', NULL
+           s.record::jsonb -> 'body' ->> 'holder', NULL, NULL, NULL
       FROM (SELECT t.id, t.at, t.event, t.envelope_id, t.record
               FROM recent t
              WHERE (t.event = 'envelope_leased'
@@ -51,7 +52,7 @@ SELECT * FROM (
       LEFT JOIN agentpost.envelopes e ON e.id = s.envelope_id
     UNION ALL
     SELECT 'command', c.created_at, c.id, ctx -> 'tool_call' ->> 'tool', NULL, c.id,
-           c.action, c.executor, ctx -> 'tool_call' -> 'run', NULL, c.state
+           c.action, c.executor, ctx -> 'tool_call' -> 'run', NULL, c.state, NULL, NULL
       FROM (SELECT x.* FROM agentpost.commands x
              WHERE x.workspace = %(ws)s
              ORDER BY x.created_at DESC, x.id DESC
@@ -61,6 +62,15 @@ SELECT * FROM (
               FROM agentpost.trail t
              WHERE t.chain = 'command:' || c.id AND t.chain_seq = 1) f
      WHERE ctx ? 'tool_call'
+    UNION ALL
+    SELECT 'mark', r.recorded_at, r.mark_id::text, r.tool, NULL, NULL,
+           m.mark_type || ' in ' || m.scope, m.resource, r.run, NULL, NULL,
+           r.mark_id::text, r.space
+      FROM (SELECT x.* FROM agentpost.mark_runs x
+             WHERE x.workspace = %(ws)s
+             ORDER BY x.recorded_at DESC
+             LIMIT %(limit)s) r
+      LEFT JOIN agentpost.marks m ON m.space = r.space AND m.id = r.mark_id
 ) calls
  ORDER BY at DESC, kind, key DESC
  LIMIT %(limit)s

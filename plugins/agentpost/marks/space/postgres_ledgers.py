@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from uuid import UUID
@@ -172,6 +172,16 @@ class _Ledgers:
         if not all(isinstance(a, Agent) for a in agents):
             raise InvalidArgument("record_names takes Agents")
         return int(self._rows("name_agents", _names(agents))[0][0]) if agents else 0
+
+    def record_run(self, mark_ids: Iterable[UUID | str], *, workspace: str, tool: str,
+                   call_id: str | None, run: Mapping[str, Any]) -> None:
+        """Record which seat (`workspace`), tool call and run wrote these marks
+        (`agentpost.mark_runs`, sql/0079): the agent tools' record of a mark, which has no
+        field for it. A mark recorded already keeps its first run."""
+        ids = [str(UUID(str(m))) for m in mark_ids]
+        if ids:
+            self._rows("record_runs", {"mark_ids": ids, "workspace": workspace, "tool": tool,
+                                       "call_id": call_id, "run": json.dumps(dict(run))})
 
     def agent_names(self, ids: Iterable[UUID] | None = None) -> dict[UUID, str]:
         """The names recorded in this space (the newest per agent): of `ids`, or all."""

@@ -5,7 +5,8 @@ instance when the run was one (docs/agents.md, "Identity and the run on the trai
 What is shown is what the store recorded: an envelope sent carries the run in its
 ``meta.tool_call``; a lease (``read_inbox``) and an ack name the run's ``ref`` as holder on
 the inbox's trail entries; a command records the run as its context, in the first entry of
-its chain ``command:<id>``. Marks record no run, so they are not here.
+its chain ``command:<id>``; a mark (``write_mark``, and the intent a ``claim`` writes) has
+its run beside it in ``agentpost.mark_runs`` (sql/0079), by its seat.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ SEATS = 25
 WINDOW = 20_000
 INDEX_WINDOW = 2_000
 _COLUMNS = ("kind", "at", "key", "tool", "envelope_id", "command_id", "what", "to", "run",
-            "holder", "state")
+            "holder", "state", "mark_id", "space")
 
 
 def calls(store: EnvelopeStore, ws: str, limit: int, window: int = WINDOW
