@@ -16,8 +16,8 @@ import pytest
 from agentpost.marks.postgres import PostgresMarkSpace
 from agentpost.store import EnvelopeStore
 from agentpost.tools import AgentTools, RunInfo
-from ai_support import SCOPES, agent
 from agentpost.web.links import parse_af_ref, run_link
+from ai_support import SCOPES, agent
 from web_support import Web, airflow_web
 
 RUN_ID = "manual__2026-11-27T10:00:00+00:00"
