@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +40,24 @@ REFUNDS = "agent_shop_refunds"
 HITL = f"/dags/{REFUNDS}/dagRuns/~/hitlDetails"
 #: a chain of agent runs on two busy cores, each a worker process importing Airflow
 RUN_TIMEOUT = 420
+#: seconds the person looks at a request before answering (see open_request)
+READING = 5
 
 
 def open_request(client: AirflowClient) -> dict[str, Any] | None:
-    """The refund agent's approval request that waits for an answer, if any."""
+    """The refund agent's approval request that waits for an answer, if any, once the
+    person has had it for a few seconds.
+
+    A person reads before deciding; an answer within a second or two of the pause can race
+    Airflow 3.3's scheduler: it requeues the task on the answer, then handles the paused
+    workload's exit and fails the task it finds queued ("finished with state success, but
+    the task instance's state attribute is queued"). The wait stands for the reading."""
     found = client.request("GET", HITL, params={"limit": 100})["hitl_details"]
     waiting = [d for d in found if not d["response_received"]]
-    return waiting[0] if waiting else None
+    if not waiting:
+        return None
+    time.sleep(READING)
+    return waiting[0]
 
 
 def statuses(store: EnvelopeStore) -> dict[str, dict[str, Any]]:

@@ -143,6 +143,28 @@ def test_the_toolset_is_templated_like_its_siblings() -> None:
         AgentpostToolset("w1", tools=["rm_rf"])
 
 
+def test_outside_a_task_a_mutating_command_waits_in_the_ledger(office: EnvelopeStore
+                                                               ) -> None:
+    """With no Airflow task to pause (a plain pydantic-ai run), `command_approval="airflow"`
+    acts as "ledger": submit_command answers confirmation_required and the run goes on,
+    asking nobody; an unknown approval mode is refused when the toolset is built."""
+    from agentpost.smcl import CommandLedger
+
+    office.register_type("deploy", ["worker"], ["worker"])
+    seen: dict[str, Any] = {}
+    steps = [[ToolCallPart("submit_command", {"key": "d1", "action": "deploy",
+                                              "mutating": True}, tool_call_id="a")]]
+    agent = Agent(scripted(steps, seen), toolsets=[AgentpostToolset("w1")])
+    assert agent.run_sync("go").output == "done"
+    (returned,) = seen["returns"]
+    assert returned.content["state"] == "confirmation_required"
+    with CommandLedger(office) as ledger:
+        view = ledger.find("w1", "d1")
+    assert view is not None and view.state.value == "confirmation_required"
+    with pytest.raises(ValueError, match="command_approval must be 'airflow' or 'ledger'"):
+        AgentpostToolset("w1", command_approval="email")  # type: ignore[arg-type]
+
+
 def test_importing_agentpost_ai_without_the_extra_says_how_to_install(tmp_path: Path) -> None:
     import subprocess
     import sys
