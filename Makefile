@@ -71,7 +71,8 @@ bench: venv
 	$(BIN)/agentpost bench marks
 	$(BIN)/agentpost bench commands
 	$(BIN)/agentpost bench airflow
-	# each agent tool direct, through AgentTools, the toolset and a pydantic-ai agent loop
+	# each agent tool direct, through AgentTools, the toolset, a pydantic-ai agent loop and
+	# over MCP (stdio and HTTP, the `ai` extra; without it MCP is said not measured)
 	$(BIN)/agentpost bench agents
 	# fills scratch stores to 100k and 1M envelopes (several minutes); --large adds 10M
 	$(BIN)/agentpost bench growth
