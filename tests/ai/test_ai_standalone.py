@@ -13,7 +13,10 @@ One standalone start (it stops every process it started, and leaves no port open
 - refund A-1002: the agent parks again (a new run); the admin declines the waiting command
   on the agentpost page; the ledger records the decline by ``human:admin``, the task's
   approval request is answered Reject by admin (the page settled it), and the resumed agent
-  tells the customer "declined".
+  tells the customer "declined";
+- refund A-1003: the admin rejects it in Airflow (with a reason); confirming it on the page
+  afterwards is a 409 (the first decision stands); the resumed task records the decline by
+  ``human:admin`` and the agent tells the customer "declined".
 """
 
 from __future__ import annotations
@@ -134,7 +137,7 @@ def test_the_desks_under_airflow_standalone(store: EnvelopeStore, dsn: str,
         assert (view.state.value, view.confirmed_by) == ("confirmed", "human:admin"), view
         assert told == {"order": "A-1001", "status": "approved",
                         "command_id": view.command_id, "in_reply_to": first}
-        assert client.run(REFUNDS, ti["dag_run_id"])["state"] == "success"
+        assert client.wait_for_run(REFUNDS, ti["dag_run_id"], RUN_TIMEOUT) == "success"
         assert store.get(first).consumed_at is not None
 
         # A-1002: declined on the agentpost page, which answers the task's request
@@ -150,7 +153,8 @@ def test_the_desks_under_airflow_standalone(store: EnvelopeStore, dsn: str,
         shown = client.page(f"/agentpost/commands/{waiting2.command_id}")
         assert 'id="decline-form"' in shown.text and 'id="waiting-task"' in shown.text
         page = decide_on_the_page(client, waiting2.command_id, "decline")
-        assert "approval request of task agent was answered (Reject)" in page, page[-2000:]
+        assert "approval request of task agent was answered (Reject)" in page, \
+            re.findall(r'<p class="notice[^>]*>.*?</p>', page)
         answered = client.request("GET", f"/dags/{REFUNDS}/dagRuns/{ti2['dag_run_id']}/"
                                   f"taskInstances/agent/-1/hitlDetails")
         assert answered["response_received"] and answered["chosen_options"] == ["Reject"]
@@ -159,6 +163,39 @@ def test_the_desks_under_airflow_standalone(store: EnvelopeStore, dsn: str,
                           "the customer to hear about A-1002")
         assert told == {"order": "A-1002", "status": "declined", "command_id": None,
                         "in_reply_to": second}
+        assert client.wait_for_run(REFUNDS, ti2["dag_run_id"], RUN_TIMEOUT) == "success"
+
+        # A-1003: rejected in Airflow first; the page then refuses to decide (409)
+        third = store.send("customers", "support", "refund.request",
+                           {"order": "A-1003", "amount": 9}, format="json").envelope_id
+        detail = wait_until(lambda: open_request(client), RUN_TIMEOUT,
+                            "the refund agent to ask a third time")
+        ti3 = detail["task_instance"]
+        with CommandLedger(store) as ledger:
+            waiting3 = ledger.find("support", "refund/A-1003")
+        assert waiting3 is not None
+        client.request("PATCH", f"/dags/{REFUNDS}/dagRuns/{ti3['dag_run_id']}/taskInstances/"
+                       f"agent/-1/hitlDetails",
+                       json={"chosen_options": ["Reject"],
+                             "params_input": {"reason": "no receipt"}})
+        # the page's confirmation now: refused, whether the task has resumed and settled
+        # the ledger yet (the command is declined) or not (Airflow's answer came first)
+        headers = {"Authorization": f"Bearer {client._login()}"}
+        path = f"/agentpost/commands/{waiting3.command_id}/confirm"
+        late = client._http.post(path, headers=headers, data={})
+        if late.status_code == 200:
+            key = re.search(r'name="confirm_key" value="([^"]+)"', late.text)
+            assert key is not None, late.text[:2000]
+            late = client._http.post(path, headers=headers,
+                                     data={"confirm": "yes", "confirm_key": key.group(1)})
+        assert late.status_code == 409, late.text[:500]
+        told = wait_until(lambda: statuses(store).get("A-1003"), RUN_TIMEOUT,
+                          "the customer to hear about A-1003")
+        assert (told["status"], told["in_reply_to"]) == ("declined", third)
+        with CommandLedger(store) as ledger:
+            view = ledger.view(waiting3.command_id)
+            evidence = json.dumps([e.body for e in ledger.evidence(view.command_id)])
+        assert view.declined and "human:admin" in evidence, view
         with CommandLedger(store) as ledger:
             view = ledger.view(waiting2.command_id)
             declined = [e.body for e in ledger.evidence(view.command_id)

@@ -63,10 +63,13 @@ def test_a_person_confirms_on_the_page_once(web: Web, st: EnvelopeStore) -> None
     client, url, form = decide(web, "user", command_id, "confirm")
     first = client.post(url, data=form)
     assert first.status_code == 303, first.text
-    assert first.headers["location"].startswith(f"/agentpost/commands/{command_id}?done=")
+    landed = first.headers["location"]
+    assert landed.startswith(f"/agentpost/commands/{command_id}?") and "done=" in landed
+    assert "no+Airflow+task+waits+for+it" in landed  # submitted by no agent's task
     before = written(st)
     again = client.post(url, data=form)
-    assert (again.status_code, again.headers["location"]) == (303, first.headers["location"])
+    assert again.status_code == 303
+    assert again.headers["location"].split("?")[0] == landed.split("?")[0]
     assert written(st) == before
     with CommandLedger(st) as ledger:
         view = ledger.view(command_id)
@@ -131,5 +134,7 @@ def test_an_agents_command_names_its_task_and_the_page_answers_for_it(
     client, url, form = decide(web, "user", command_id, "confirm")
     done = client.post(url, data=form)
     assert done.status_code == 303
+    notice = web.client("user").get(done.headers["location"]).text
+    assert "Airflow: the task&#39;s approval request was not answered here" in notice, notice
     with CommandLedger(st) as ledger:
         assert ledger.view(command_id).confirmed_by == "human:user"

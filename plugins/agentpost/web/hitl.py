@@ -7,7 +7,9 @@ is answered with Airflow's own handler (`update_hitl_detail`, the HITL REST API'
 locks, option checks, assigned-user check and event-driven resume as an answer given in the
 Required Actions view, as the page's signed-in user. That answer and the ledger's decision are
 taken together: the Airflow side is written in a session that commits only once the ledger has
-recorded the decision, and rolls back when the ledger refuses (decided already).
+recorded the decision, and rolls back when the ledger refuses (decided already). A request
+answered in Airflow first refuses the page's decision (409): the resumed task records that
+answer in the ledger, so both sides keep the first decision.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from fastapi import HTTPException
 
 from agentpost.pg.queries import load_queries
-from agentpost.protocol.errors import Forbidden
+from agentpost.protocol.errors import Conflict, Forbidden
 from agentpost.store import EnvelopeStore
 from agentpost.web.links import run_link
 
@@ -81,7 +83,11 @@ def answering(task: dict[str, Any] | None, user: Any, approve: bool,
         except HTTPException as exc:
             if exc.status_code == 403:
                 raise Forbidden(str(exc.detail)) from None
-            session.rollback()  # 404: no request (yet); 409: answered already
+            if exc.status_code == 409:  # a person answered in Airflow first: theirs stands
+                raise Conflict("the agent's task was answered in Airflow already; the "
+                               "command is settled with that answer when the task "
+                               "resumes") from None
+            session.rollback()  # 404: the agent has not paused (yet), or never will
             said = f"the task's approval request was not answered here: {exc.detail}"
         try:
             yield lambda: said

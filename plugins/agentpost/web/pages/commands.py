@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from urllib.parse import urlencode
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -230,11 +231,16 @@ def commands_json(store: Store, workspace: str | None = None, state: str | None 
                          after, limit)
 
 
+Notice = Annotated[str | None, Query(max_length=300)]
+
+
 @router.get("/commands/{command_id}")
 def command_page(request: Request, store: Store, command_id: str,
-                 done: str | None = None) -> Response:
+                 done: Notice = None, airflow: Notice = None) -> Response:
+    """`done` and `airflow`: what the action just taken did (the redirect after it says)."""
     detail = command_detail(store, command_id)
-    return page(request, "command.html", nav="commands", done=done, **detail)
+    return page(request, "command.html", nav="commands", done=done, airflow=airflow,
+                **detail)
 
 
 @router.get("/api/commands/{command_id}")
@@ -338,11 +344,11 @@ def decide_act(store: EnvelopeStore, command_id: str, user: Any, approve: bool, 
                            "decision")
         reason = note or f"declined on the agentpost page by {person}"
         with hitl.answering(hitl.waiting_task(store, view.command_id), user, approve,
-                            reason):
+                            reason) as said:
             ledger.confirmation_envelope(person, view.command_id,
                                          "confirm" if approve else "decline",
                                          envelope_id=decision_id)
-    return f"/commands/{view.command_id}"
+    return f"/commands/{view.command_id}?{urlencode({'airflow': said()})}"
 
 
 def _waits(view: CommandView) -> str:
