@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from urllib.parse import urlencode
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
