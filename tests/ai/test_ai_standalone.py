@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -43,24 +42,27 @@ REFUNDS = "agent_shop_refunds"
 HITL = f"/dags/{REFUNDS}/dagRuns/~/hitlDetails"
 #: a chain of agent runs on two busy cores, each a worker process importing Airflow
 RUN_TIMEOUT = 420
-#: seconds the person looks at a request before answering (see open_request)
-READING = 5
 
 
-def open_request(client: AirflowClient) -> dict[str, Any] | None:
-    """The refund agent's approval request that waits for an answer, if any, once the
-    person has had it for a few seconds.
+def open_request(client: AirflowClient, runtime: AirflowRuntime) -> dict[str, Any] | None:
+    """The refund agent's approval request that waits for an answer, once Airflow can take
+    the answer.
 
-    A person reads before deciding; an answer within a second or two of the pause can race
-    Airflow 3.3's scheduler: it requeues the task on the answer, then handles the paused
-    workload's exit and fails the task it finds queued ("finished with state success, but
-    the task instance's state attribute is queued"). The wait stands for the reading."""
+    A person reads before deciding. An answer that lands before the scheduler has handled
+    the paused worker's exit races Airflow 3.3's scheduler: it requeues the task on the
+    answer, then handles the exit and fails the task it finds queued ("finished with state
+    success, but the task instance's state attribute is queued"); on two busy cores that
+    took over 6 s once. So the test answers once the scheduler has logged the paused
+    workload as finished (its "TaskInstance Finished" line for the task instance)."""
     found = client.request("GET", HITL, params={"limit": 100})["hitl_details"]
     waiting = [d for d in found if not d["response_received"]]
     if not waiting:
         return None
-    time.sleep(READING)
-    return waiting[0]
+    ti_id = waiting[0]["task_instance"]["id"]
+    log = runtime.log_path.read_text(encoding="utf-8", errors="replace")
+    handled = any("TaskInstance Finished" in line and f"ti_id={ti_id}" in line
+                  for line in log.splitlines())
+    return waiting[0] if handled else None
 
 
 def statuses(store: EnvelopeStore) -> dict[str, dict[str, Any]]:
@@ -119,7 +121,7 @@ def test_the_desks_under_airflow_standalone(store: EnvelopeStore, dsn: str,
                            {"order": "A-1001", "amount": 42}, format="json").envelope_id
 
         # A-1001: approved through Airflow's HITL REST API
-        detail = wait_until(lambda: open_request(client), RUN_TIMEOUT,
+        detail = wait_until(lambda: open_request(client, runtime), RUN_TIMEOUT,
                             "the refund agent to ask for approval")
         assert "submit_command" in detail["subject"] and "A-1001" in detail["body"], detail
         ti = detail["task_instance"]
@@ -143,7 +145,7 @@ def test_the_desks_under_airflow_standalone(store: EnvelopeStore, dsn: str,
         # A-1002: declined on the agentpost page, which answers the task's request
         second = store.send("customers", "support", "refund.request",
                             {"order": "A-1002", "amount": 7}, format="json").envelope_id
-        detail = wait_until(lambda: open_request(client), RUN_TIMEOUT,
+        detail = wait_until(lambda: open_request(client, runtime), RUN_TIMEOUT,
                             "the refund agent to ask again")
         ti2 = detail["task_instance"]
         assert ti2["dag_run_id"] != ti["dag_run_id"]
@@ -168,7 +170,7 @@ def test_the_desks_under_airflow_standalone(store: EnvelopeStore, dsn: str,
         # A-1003: rejected in Airflow first; the page then refuses to decide (409)
         third = store.send("customers", "support", "refund.request",
                            {"order": "A-1003", "amount": 9}, format="json").envelope_id
-        detail = wait_until(lambda: open_request(client), RUN_TIMEOUT,
+        detail = wait_until(lambda: open_request(client, runtime), RUN_TIMEOUT,
                             "the refund agent to ask a third time")
         ti3 = detail["task_instance"]
         with CommandLedger(store) as ledger:
