@@ -149,8 +149,8 @@ def decide(ledger: CommandLedger, command_id: str, who: str, decision: str, *,
     already (on the page, by the CLI): the first decision stands. `key` makes a replay
     send nothing new."""
     view = ledger.view(command_id)
-    if view.state is not CommandState.CONFIRMATION_REQUIRED:
-        return
+    if view.state is not CommandState.CONFIRMATION_REQUIRED or view.declined:
+        return  # decided already (a declined command stays confirmation_required)
     ledger.confirmation_envelope(who, command_id, decision, envelope_id=key[:120])
 
 
