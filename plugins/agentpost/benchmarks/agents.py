@@ -1,8 +1,9 @@
 """`agentpost bench agents`: what the agent tools cost over the store call they make.
 
 For each tool (send_envelope, read_inbox + ack, read_marks, write_mark, claim) one run
-measures, on one database, rounds interleaved so that machine noise hits every path alike,
-the latency of one call made four ways:
+measures, on one database, the latency of one call made four ways, interleaved call by call
+(each call is made every way in turn, in an order that rotates) so that machine noise hits
+every path alike:
 
 - direct: the store or mark-space call the tool makes (`EnvelopeStore.send` with the same
   `meta`, `lease` + `ack`, `space.read`, `Guard.write_mark`, `Guard.pre_action`);
@@ -12,6 +13,11 @@ the latency of one call made four ways:
 - agent: a pydantic-ai `Agent` whose `FunctionModel` issues the call, then answers: the
   whole agent loop around one tool call (two model turns, message history, argument
   validation by the toolset's validator), as an `AgentOperator` would run it.
+
+read_marks reads a scope of its own (`READ_SCOPE`, under the bench scope) holding
+`READ_MARKS` observations of another agent, written before the timing: the scope that
+write_mark and claim write in grows through the run, and a read of it would time the size of
+the scope at that moment rather than the path.
 
 It prints p50/p95 per tool and path, the overhead of each path over the direct call at p95
 (milliseconds) and as a p50 ratio, and judges issue 24's goal for the toolset: under 1 ms
@@ -46,6 +52,9 @@ ROUNDS = 5
 TOOLSET_GOAL_MS = 1.0
 MCP_HTTP_GOAL_MS = 10.0
 SCOPE = Scope(name="bench", allowed_intent_verbs=("deploy",), allowed_action_verbs=("deployed",))
+#: the scope read_marks reads (governed by SCOPE), and how many marks it holds
+READ_SCOPE = f"{SCOPE.name}/read"
+READ_MARKS = 100
 KINDS = (MarkType.INTENT, MarkType.ACTION, MarkType.OBSERVATION, MarkType.WARNING,
          MarkType.NEED)
 TOOLS = ("send_envelope", "read_inbox+ack", "read_marks", "write_mark", "claim")
@@ -96,6 +105,11 @@ class _Bench:
                                run=self.run_info)
         self.guard = Guard(space)
         self.resources = count()
+        writer = Agent(id=uuid.uuid4(), name=f"bench-writer-{tag}",
+                       scopes={READ_SCOPE: (MarkType.OBSERVATION,)})
+        space.write_many(writer, [Observation(scope=READ_SCOPE, topic=f"t{i}",
+                                              content={"i": i}, confidence=0.5)
+                                  for i in range(READ_MARKS)])
         self.transports = transports
         self.callers: dict[str, Caller] = {
             "tools": self.seat.call, "toolset": self._toolset_caller(),
@@ -180,7 +194,7 @@ class _Bench:
                 store.ack(lease.token)
             return lease_ack
         if tool == "read_marks":
-            return lambda: self.space.read(SCOPE.name, reader=agent)
+            return lambda: self.space.read(READ_SCOPE, reader=agent)
         if tool == "write_mark":
             return lambda: self.guard.write_mark(agent, Observation(
                 scope=SCOPE.name, topic="api", content={"healthy": True}, confidence=0.5))
@@ -197,7 +211,7 @@ class _Bench:
                 caller("ack", {"envelope_id": taken["envelope_id"]})
             return read_ack
         if tool == "read_marks":
-            return lambda: caller("read_marks", {"scope": SCOPE.name})
+            return lambda: caller("read_marks", {"scope": READ_SCOPE})
         if tool == "write_mark":
             return lambda: caller("write_mark", {"kind": "observation", "scope": SCOPE.name,
                                                  "topic": "api",
@@ -206,35 +220,38 @@ class _Bench:
         return lambda: caller("claim", {"scope": SCOPE.name, "resource": resource,
                                         "action": "deploy"})
 
-    def _timed(self, timings: Timings, tool: str, path: str, calls: int) -> None:
-        for _ in range(calls):
-            if tool == "read_inbox+ack":  # one envelope waiting, sent untimed
-                self.store.send(self.lead, self.me, "directive", "do it")
-            fn = (self._direct(tool) if path == "direct"
-                  else self._through(self.callers[path], tool))
-            start = time.perf_counter()
-            fn()
-            timings.add(tool, path, (time.perf_counter() - start) * 1000)
+    def _timed(self, timings: Timings, tool: str, paths: list[str], calls: int) -> None:
+        """`calls` calls of `tool`, each made on every path in turn; the order of the paths
+        rotates from call to call, so that none always follows another (the agent loop's
+        garbage, say)."""
+        for i in range(calls):
+            turn = i % len(paths)
+            for path in paths[turn:] + paths[:turn]:
+                if tool == "read_inbox+ack":  # one envelope waiting, sent untimed
+                    self.store.send(self.lead, self.me, "directive", "do it")
+                fn = (self._direct(tool) if path == "direct"
+                      else self._through(self.callers[path], tool))
+                start = time.perf_counter()
+                fn()
+                timings.add(tool, path, (time.perf_counter() - start) * 1000)
 
     def measure(self, calls: int) -> Timings:
         paths = [*PATHS, *self.transports]
         warm = Timings()
         for tool in TOOLS:  # warm connections, plans, imports and caches on every path
-            for path in paths:
-                self._timed(warm, tool, path, 3)
+            self._timed(warm, tool, paths, 3)
         timings = Timings()
         per_round = max(1, calls // ROUNDS)
         for _ in range(ROUNDS):
             for tool in TOOLS:
-                for path in paths:
-                    self._timed(timings, tool, path, per_round)
+                self._timed(timings, tool, paths, per_round)
         return timings
 
 
 def _report(timings: Timings, calls: int, transports: list[str], verified: Any) -> Report:
     per_round = max(1, calls // ROUNDS)
-    report = Report(f"agentpost bench agents ({ROUNDS} interleaved rounds of {per_round} calls "
-                    f"per tool and path; latency of one call, ms)")
+    report = Report(f"agentpost bench agents ({ROUNDS} rounds of {per_round} calls per tool, "
+                    f"each made every way in turn; latency of one call, ms)")
     paths = [*PATHS, *transports]
     worst: dict[str, float] = {}
     for tool in TOOLS:
@@ -249,6 +266,8 @@ def _report(timings: Timings, calls: int, transports: list[str], verified: Any) 
                 worst[path] = max(worst.get(path, over), over)
                 line += f"  over direct: p95 {over:+.2f} ms, p50 x{p50 / d50:.2f}"
             report.add(f"{tool:<15} {path}", line)
+    report.add("read_marks reads", f"{READ_SCOPE}: {READ_MARKS} marks of another agent, "
+                                   "written before the timing")
     if not transports:
         report.add("MCP", "not measured in this build (agentpost.mcpserver is not yet wired "
                           "in as a transport; pass transports= to run() to add stdio and "
