@@ -2,8 +2,8 @@
 
 For each tool (send_envelope, read_inbox + ack, read_marks, write_mark, claim) one run
 measures, on one database, the latency of one call made four ways, interleaved call by call
-(each call is made every way in turn, in an order that rotates) so that machine noise hits
-every path alike:
+(each call is made every way in turn, in a shuffled order) so that machine noise hits every
+path alike:
 
 - direct: the store or mark-space call the tool makes (`EnvelopeStore.send` with the same
   `meta`, `lease` + `ack`, `space.read`, `Guard.write_mark`, `Guard.pre_action`);
@@ -34,6 +34,7 @@ read_inbox) is printed as not judged.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -105,6 +106,7 @@ class _Bench:
                                run=self.run_info)
         self.guard = Guard(space)
         self.resources = count()
+        self.shuffle = random.Random(24).shuffle  # the same orders every run
         writer = Agent(id=uuid.uuid4(), name=f"bench-writer-{tag}",
                        scopes={READ_SCOPE: (MarkType.OBSERVATION,)})
         space.write_many(writer, [Observation(scope=READ_SCOPE, topic=f"t{i}",
@@ -221,12 +223,13 @@ class _Bench:
                                         "action": "deploy"})
 
     def _timed(self, timings: Timings, tool: str, paths: list[str], calls: int) -> None:
-        """`calls` calls of `tool`, each made on every path in turn; the order of the paths
-        rotates from call to call, so that none always follows another (the agent loop's
-        garbage, say)."""
-        for i in range(calls):
-            turn = i % len(paths)
-            for path in paths[turn:] + paths[:turn]:
+        """`calls` calls of `tool`, each made on every path in turn, the paths in a shuffled
+        order each time: none always follows another (and finds, say, the agent loop's
+        garbage left to collect), as it would in a fixed or rotating order."""
+        for _ in range(calls):
+            order = list(paths)
+            self.shuffle(order)
+            for path in order:
                 if tool == "read_inbox+ack":  # one envelope waiting, sent untimed
                     self.store.send(self.lead, self.me, "directive", "do it")
                 fn = (self._direct(tool) if path == "direct"
@@ -251,7 +254,7 @@ class _Bench:
 def _report(timings: Timings, calls: int, transports: list[str], verified: Any) -> Report:
     per_round = max(1, calls // ROUNDS)
     report = Report(f"agentpost bench agents ({ROUNDS} rounds of {per_round} calls per tool, "
-                    f"each made every way in turn; latency of one call, ms)")
+                    f"each made every way in a shuffled order; latency of one call, ms)")
     paths = [*PATHS, *transports]
     worst: dict[str, float] = {}
     for tool in TOOLS:
