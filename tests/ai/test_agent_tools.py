@@ -216,6 +216,65 @@ def test_an_unknown_seat_is_refused(store: EnvelopeStore, dsn: str) -> None:
                                  {"to": "boss", "type": "query", "content": "x"})
 
 
+def test_send_options_agree_with_the_routes_and_with_the_store(store: EnvelopeStore) -> None:
+    """`EnvelopeStore.send_options`, the one query a send is checked with, answers for one
+    recipient what the seat's full `routes()` answers, on a topology with every case the
+    store's send check knows (a derived role and a type with required fields, delegation
+    edges both ways and to a root, integrating, suspended and closed recipients, a send_once
+    right, a revoked right); and each type it allows is one `send` accepts, each other one a
+    send rejects."""
+    from agentpost.protocol.errors import NotFound
+
+    store.define_role("reviewer", inherits="worker")
+    store.register_type("report", ["reviewer"], ["coordinator"], ["score"])
+    store.create_workspace("coordinator", workspace_id="boss")
+    store.create_workspace("coordinator", workspace_id="root", delegation=True)
+    for ws in ("w1", "w2", "int", "sus", "dead"):
+        store.create_workspace("worker", parent="boss", workspace_id=ws)
+    store.create_workspace("reviewer", parent="boss", workspace_id="rev")
+    store.create_workspace("worker", parent="boss", workspace_id="lead", delegation=True)
+    for ws in ("w3", "w4"):
+        store.create_workspace("worker", parent="lead", workspace_id=ws)
+    store.transition("int", "active")
+    store.transition("int", "integrating")
+    store.transition("sus", "suspended")
+    store.transition("dead", "closed")
+    store.grant_right("w2", "w1", "w2", "send_once")  # no matrix row: still nothing to send
+    store.grant_right("boss", "w3", "boss", "send_once")  # one query, then none
+    (right,) = [r for r in store.rights("w3") if r.target == "lead"]
+    store.revoke_right(right.id, "boss")
+    workspaces = ("boss", "root", "w1", "w2", "int", "sus", "dead", "rev", "lead", "w3", "w4")
+    types = [t.name for t in store.envelope_types()]
+
+    for sender in workspaces:
+        routes = AgentTools(store, workspace_id=sender).routes()
+        for to in (*workspaces, "nobody"):
+            assert store.send_options(sender, to).types == tuple(routes.get(to, ())), (
+                sender, to)
+    assert store.send_options("w3", "boss").types == ("query",)
+    assert store.send_options("w3", "lead").types == ()  # its right revoked
+    assert store.send_options("w4", "lead").types == ("query",)  # the delegation edge up
+    assert store.send_options("lead", "w3").types == ("directive", "feedback")
+    assert store.send_options("rev", "boss").types == ("query", "report")
+    assert store.send_options("rev", "boss", "report").required_fields == ("score",)
+    assert store.send_options("rev", "boss", "query").required_fields == ()
+    assert store.send_options("rev", "boss", "no-such-type").required_fields is None
+    with pytest.raises(NotFound, match="unknown workspace 'ghost'"):
+        store.send_options("ghost", "boss")
+
+    for sender in workspaces:
+        if sender == "dead":  # a closed sender: the store refuses it before any check
+            continue
+        for to in (*workspaces, "nobody"):
+            for type_ in (*types, "no-such-type"):
+                allowed = type_ in store.send_options(sender, to, type_).types
+                content = {"score": 1} if type_ == "report" else "x"
+                result = store.send(sender, to, type_, content,
+                                    format="json" if isinstance(content, dict) else "markdown")
+                assert result.accepted == allowed, (sender, to, type_, result.reason)
+    assert store.send_options("w3", "boss").types == ()  # the send_once right was spent
+
+
 def test_a_store_that_is_away_is_not_a_refusal(dsn: str) -> None:
     from agentpost.protocol.errors import StoreUnavailable
 

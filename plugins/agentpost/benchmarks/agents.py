@@ -1,8 +1,9 @@
 """`agentpost bench agents`: what the agent tools cost over the store call they make.
 
 For each tool (send_envelope, read_inbox + ack, read_marks, write_mark, claim) one run
-measures, on one database, rounds interleaved so that machine noise hits every path alike,
-the latency of one call made four ways in process, and two over MCP (below):
+measures, on one database, the latency of one call made four ways in process and two over
+MCP (below), interleaved call by call (each call is made every way in turn, in a shuffled
+order) so that machine noise hits every path alike:
 
 - direct: the store or mark-space call the tool makes (`EnvelopeStore.send` with the same
   `meta`, `lease` + `ack`, `space.read`, `Guard.write_mark`, `Guard.pre_action`);
@@ -12,6 +13,11 @@ the latency of one call made four ways in process, and two over MCP (below):
 - agent: a pydantic-ai `Agent` whose `FunctionModel` issues the call, then answers: the
   whole agent loop around one tool call (two model turns, message history, argument
   validation by the toolset's validator), as an `AgentOperator` would run it.
+
+read_marks reads a scope of its own (`READ_SCOPE`, under the bench scope) holding
+`READ_MARKS` observations of another agent, written before the timing: the scope that
+write_mark and claim write in grows through the run, and a read of it would time the size of
+the scope at that moment rather than the path.
 
 It prints p50/p95 per tool and path, the overhead of each path over the direct call at p95
 (milliseconds) and as a p50 ratio, and judges issue 24's goal for the toolset: under 1 ms
@@ -34,6 +40,7 @@ timed into the pair only); the pair's p95 is printed beside it.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -53,6 +60,9 @@ ROUNDS = 5
 TOOLSET_GOAL_MS = 1.0
 MCP_HTTP_GOAL_MS = 10.0
 SCOPE = Scope(name="bench", allowed_intent_verbs=("deploy",), allowed_action_verbs=("deployed",))
+#: the scope read_marks reads (governed by SCOPE), and how many marks it holds
+READ_SCOPE = f"{SCOPE.name}/read"
+READ_MARKS = 100
 KINDS = (MarkType.INTENT, MarkType.ACTION, MarkType.OBSERVATION, MarkType.WARNING,
          MarkType.NEED)
 TOOLS = ("send_envelope", "read_inbox+ack", "read_marks", "write_mark", "claim")
@@ -151,6 +161,12 @@ class _Bench:
         self.resources = count()
         self.transports: list[str] = []
         self.loops: list[asyncio.AbstractEventLoop] = []
+        self.shuffle = random.Random(24).shuffle  # the same orders every run
+        writer = Agent(id=uuid.uuid4(), name=f"bench-writer-{tag}",
+                       scopes={READ_SCOPE: (MarkType.OBSERVATION,)})
+        space.write_many(writer, [Observation(scope=READ_SCOPE, topic=f"t{i}",
+                                              content={"i": i}, confidence=0.5)
+                                  for i in range(READ_MARKS)])
         self.callers: dict[str, Caller] = {
             "tools": self.seat.call, "toolset": self._toolset_caller(),
             "agent": self._agent_caller()}
@@ -240,7 +256,7 @@ class _Bench:
                 return read
             return lease_ack
         if tool == "read_marks":
-            return lambda: self.space.read(SCOPE.name, reader=agent)
+            return lambda: self.space.read(READ_SCOPE, reader=agent)
         if tool == "write_mark":
             return lambda: self.guard.write_mark(agent, Observation(
                 scope=SCOPE.name, topic="api", content={"healthy": True}, confidence=0.5))
@@ -260,7 +276,7 @@ class _Bench:
                 return read
             return read_ack
         if tool == "read_marks":
-            return lambda: caller("read_marks", {"scope": SCOPE.name})
+            return lambda: caller("read_marks", {"scope": READ_SCOPE})
         if tool == "write_mark":
             return lambda: caller("write_mark", {"kind": "observation", "scope": SCOPE.name,
                                                  "topic": "api",
@@ -269,38 +285,42 @@ class _Bench:
         return lambda: caller("claim", {"scope": SCOPE.name, "resource": resource,
                                         "action": "deploy"})
 
-    def _timed(self, timings: Timings, tool: str, path: str, calls: int) -> None:
+    def _timed(self, timings: Timings, tool: str, paths: list[str], calls: int) -> None:
+        """`calls` calls of `tool`, each made on every path in turn, the paths in a shuffled
+        order each time: none always follows another (and finds, say, the agent loop's
+        garbage left to collect), as it would in a fixed or rotating order."""
         for _ in range(calls):
-            if tool == "read_inbox+ack":  # one envelope waiting, sent untimed
-                self.store.send(self.lead, self.me, "directive", "do it")
-            fn = (self._direct(tool) if path == "direct"
-                  else self._through(self.callers[path], tool))
-            start = time.perf_counter()
-            read = fn()
-            timings.add(tool, path, (time.perf_counter() - start) * 1000)
-            if tool == "read_inbox+ack":  # the read alone too, for the HTTP goal
-                timings.add(READ_ALONE, path, read * 1000)
+            order = list(paths)
+            self.shuffle(order)
+            for path in order:
+                if tool == "read_inbox+ack":  # one envelope waiting, sent untimed
+                    self.store.send(self.lead, self.me, "directive", "do it")
+                fn = (self._direct(tool) if path == "direct"
+                      else self._through(self.callers[path], tool))
+                start = time.perf_counter()
+                read = fn()
+                timings.add(tool, path, (time.perf_counter() - start) * 1000)
+                if tool == "read_inbox+ack":  # the read alone too, for the HTTP goal
+                    timings.add(READ_ALONE, path, read * 1000)
 
     def measure(self, calls: int) -> Timings:
         paths = [*PATHS, *self.transports]
         warm = Timings()
         for tool in TOOLS:  # warm connections, plans, imports and caches on every path
-            for path in paths:
-                self._timed(warm, tool, path, 3)
+            self._timed(warm, tool, paths, 3)
         timings = Timings()
         per_round = max(1, calls // ROUNDS)
         for _ in range(ROUNDS):
             for tool in TOOLS:
-                for path in paths:
-                    self._timed(timings, tool, path, per_round)
+                self._timed(timings, tool, paths, per_round)
         return timings
 
 
 def _report(timings: Timings, calls: int, transports: list[str], verified: Any,
             skipped: str | None) -> Report:
     per_round = max(1, calls // ROUNDS)
-    report = Report(f"agentpost bench agents ({ROUNDS} interleaved rounds of {per_round} calls "
-                    f"per tool and path; latency of one call, ms)")
+    report = Report(f"agentpost bench agents ({ROUNDS} rounds of {per_round} calls per tool, "
+                    f"each made every way in a shuffled order; latency of one call, ms)")
     paths = [*PATHS, *transports]
     worst: dict[str, float] = {}
     for tool in TOOLS:
@@ -315,6 +335,8 @@ def _report(timings: Timings, calls: int, transports: list[str], verified: Any,
                 worst[path] = max(worst.get(path, over), over)
                 line += f"  over direct: p95 {over:+.2f} ms, p50 x{p50 / d50:.2f}"
             report.add(f"{tool:<15} {path}", line)
+    report.add("read_marks reads", f"{READ_SCOPE}: {READ_MARKS} marks of another agent, "
+                                   "written before the timing")
     if skipped is not None:
         report.add("MCP", skipped)
     report.add("trail after the run", f"{verified.entries:,} entries, "

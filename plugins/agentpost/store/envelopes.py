@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentpost.config import Settings
 from agentpost.pg.db import Database
@@ -78,6 +78,15 @@ def _workspace(row: Sequence[Any]) -> Workspace:
     return Workspace(id=wid, role=role, lineage=tuple(lineage), parent=parent,
                      originator=originator, delegation=delegation, state=state,
                      created_at=created_at, updated_at=updated_at)
+
+
+class SendOptions(NamedTuple):
+    """What `EnvelopeStore.send_options` answers: the envelope types the sender may send the
+    recipient now (sorted; empty: none), and the required fields of the type asked about
+    (None: no such type)."""
+
+    types: tuple[str, ...]
+    required_fields: tuple[str, ...] | None
 
 
 #: tables whose rows are updated or deleted on hot paths (queue indexes, counters, outbox)
@@ -354,6 +363,21 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
         return [PortRight(id=r[0], holder=r[1], target=r[2], kind=r[3], state=r[4],
                           created_by=r[5], via_envelope=r[6]) for r in rows]
 
+    def send_options(self, sender: str, to: str, type: str | None = None) -> SendOptions:
+        """The types `sender` may send `to` now, decided as `send` decides them (a live
+        send or send_once right to a recipient that takes envelopes, and a permission-matrix
+        row or a delegation edge), and the required fields of `type`: one read-only round
+        trip, for a caller that must not send what the store would reject (a rejection is
+        recorded). NotFound for an unknown sender."""
+        row = self.db.fetchone(QUERIES["send_options"], {
+            "ws": _ref(sender, "workspace id"), "to": _ref(to, "recipient"),
+            "type": None if type is None else _ref(type, "type")})
+        known, types, required = row
+        if not known:
+            raise NotFound(f"unknown workspace {sender!r}")
+        return SendOptions(types=tuple(sorted(set(types))),
+                           required_fields=None if required is None else tuple(required))
+
     def grant_right(self, granted_by: str, holder: str, target: str,
                     kind: str = "send") -> str:
         """Mint a send or send_once right to `target`; only the target itself or a
@@ -496,4 +520,4 @@ def _checkpoint_text(value: Any) -> Any:
                             f"{getattr(exc, 'strerror', None) or exc}") from None
 
 
-__all__ = ["EnvelopeStore", "RejectionReason", "Status"]
+__all__ = ["EnvelopeStore", "RejectionReason", "SendOptions", "Status"]

@@ -52,6 +52,34 @@ SELECT id, holder, target, kind, state, created_by, via_envelope
  WHERE holder = %(ws)s AND (%(all)s OR state = 'live')
  ORDER BY created_at, id
 
+-- name: send_options
+-- Before a send, in one round trip: whether the sender exists, the envelope types it may send
+-- the recipient now, and the required fields of one type (NULL: not registered). A type is
+-- sendable as the store's send decides it: a live right (send or send_once) of the sender to
+-- a recipient that takes envelopes (not integrating, closed or failed), and a matrix row from
+-- a role of the sender's lineage to one of the recipient's, or a delegation edge (WACP §2:
+-- directive and feedback down to a delegating sender's children, query up to a delegating
+-- parent). Reads only.
+SELECT s.id IS NOT NULL,
+       CASE WHEN s.id IS NULL OR t.id IS NULL
+                 OR t.state IN ('integrating', 'closed', 'failed')
+                 OR NOT EXISTS (SELECT 1 FROM agentpost.port_rights r
+                                 WHERE r.holder = s.id AND r.target = t.id
+                                   AND r.state = 'live')
+            THEN '{}'::text[]
+            ELSE ARRAY(SELECT DISTINCT p.type FROM agentpost.permissions p
+                        WHERE p.sender_role = ANY (s.lineage)
+                          AND p.receiver_role = ANY (t.lineage))
+                 || CASE WHEN s.delegation AND t.parent IS NOT DISTINCT FROM s.id
+                         THEN ARRAY['directive', 'feedback'] ELSE '{}'::text[] END
+                 || CASE WHEN t.delegation AND s.parent IS NOT DISTINCT FROM t.id
+                         THEN ARRAY['query'] ELSE '{}'::text[] END
+       END,
+       (SELECT ty.required_fields FROM agentpost.envelope_types ty WHERE ty.name = %(type)s)
+  FROM (VALUES (1)) AS one(x)
+  LEFT JOIN agentpost.workspaces s ON s.id = %(ws)s
+  LEFT JOIN agentpost.workspaces t ON t.id = %(to)s
+
 -- name: trail
 SELECT id, chain, chain_seq, event, envelope_id, at, record
   FROM agentpost.trail

@@ -245,11 +245,13 @@ class AgentTools:
                 out[right.target] = sorted(allowed)
         return out
 
-    def _required(self, type_: str, content: Any) -> None:
+    def _required(self, type_: str, content: Any,
+                  needed: tuple[str, ...] | None = None) -> None:
         """The store rejects (and records) a payload without its type's required fields:
-        refuse it before, naming them."""
-        needed = next((t.required_fields for t in self.store.envelope_types()
-                       if t.name == type_), ())
+        refuse it before, naming them. `needed`: the type's fields when already read."""
+        if needed is None:
+            needed = next((t.required_fields for t in self.store.envelope_types()
+                           if t.name == type_), ())
         if not needed:
             return
         missing = sorted(set(needed) - set(content if isinstance(content, dict) else ()))
@@ -319,16 +321,23 @@ class AgentTools:
     def _send(self, tool: str, to: str, type_: str, content: Any, *, in_reply_to: str | None,
               priority: str, call_id: str | None) -> EnvelopeSent:
         self._check_size(content)
-        routes = self.routes()
-        if to not in routes:
-            allowed = ", ".join(sorted(routes)) or "none"
-            raise ToolRefused(f"permission denied: {self.workspace_id!r} may not send to "
-                              f"{to!r} (unknown workspace or no send right); allowed "
-                              f"recipients: {allowed}")
-        if type_ not in routes[to]:
-            raise ToolRefused(f"permission denied: type {type_!r} may not be sent to {to!r}; "
-                              f"allowed types: {', '.join(routes[to])}")
-        self._required(type_, content)
+        # one round trip answers the common case: this type may go to this recipient
+        options = self.store.send_options(self.workspace_id, to, type_)
+        if type_ in options.types:
+            self._required(type_, content, options.required_fields or ())
+        else:
+            # refused: the seat's routes name what is allowed instead (a refusal may cost
+            # the extra reads); decided again on them, as before this check existed
+            routes = self.routes()
+            if to not in routes:
+                allowed = ", ".join(sorted(routes)) or "none"
+                raise ToolRefused(f"permission denied: {self.workspace_id!r} may not send to "
+                                  f"{to!r} (unknown workspace or no send right); allowed "
+                                  f"recipients: {allowed}")
+            if type_ not in routes[to]:
+                raise ToolRefused(f"permission denied: type {type_!r} may not be sent to "
+                                  f"{to!r}; allowed types: {', '.join(routes[to])}")
+            self._required(type_, content)
         fmt = "markdown" if isinstance(content, str) else "json"
         result = self.store.send(self.workspace_id, to, type_, content, format=fmt,
                                  in_reply_to=in_reply_to, priority=priority,
@@ -376,7 +385,7 @@ class AgentTools:
             to = original.sender
             type_ = args.type
             if type_ is None:
-                allowed = self.routes().get(to, [])
+                allowed = list(self.store.send_options(self.workspace_id, to).types)
                 if len(allowed) != 1:
                     raise ToolRefused(
                         f"say which type: the types allowed back to {to!r} are "
