@@ -154,6 +154,10 @@ class AgentpostToolset(AirflowToolset):
         self._seat, self._paused = seat, False
         return seat
 
+    def _call(self, name: str, tool_args: dict[str, Any], call_id: str | None
+              ) -> dict[str, Any]:
+        return self._open().call(name, tool_args, call_id=call_id)
+
     def _close(self) -> None:
         seat, self._seat = self._seat, None
         try:
@@ -188,10 +192,8 @@ class AgentpostToolset(AirflowToolset):
 
     async def execute_tool(self, name: str, tool_args: dict[str, Any], *,
                            ctx: RunContext[Any], tool: ToolsetTool[Any]) -> dict[str, Any]:
-        seat = await self.run_blocking(self._open)
-        try:
-            result = await self.run_blocking(seat.call, name, tool_args,
-                                             call_id=ctx.tool_call_id)
+        try:  # one worker-thread hop per call: the seat opens (first call) inside it
+            result = await self.run_blocking(self._call, name, tool_args, ctx.tool_call_id)
         except ToolRefused as exc:
             raise ModelRetry(exc.reason) from None
         if (name == "submit_command" and self._task is not None
