@@ -213,7 +213,7 @@ def test_the_desks_under_airflow_standalone(store: EnvelopeStore, dsn: str,
                                                              "researcher-b"} else None
 
         answers = wait_until(reported, RUN_TIMEOUT, "the desk's report")
-        asks = {e.envelope_id: e for e in (store.get(a["answers"]) for a in answers)}
+        asks = {e.id: e for e in (store.get(a["answers"]) for a in answers)}
         assert all(e.type == "research.ask" for e in asks.values())
         assert {e.to for e in asks.values()} == {"researcher-a", "researcher-b"}
         assert store.get(request).consumed_at is not None
