@@ -83,6 +83,9 @@ class TokenSeat(AgentTools):
     def routes(self) -> dict[str, list[str]]:
         return {to: types for to, types in super().routes().items() if self._may_send(to)}
 
+    def _seat_allows(self, to: str) -> bool:
+        return self._may_send(to)
+
     def specs(self) -> list[Any]:
         return [spec for spec in super().specs()
                 if spec.name not in self.READS or self._may_read()]

@@ -323,7 +323,7 @@ class AgentTools:
         self._check_size(content)
         # one round trip answers the common case: this type may go to this recipient
         options = self.store.send_options(self.workspace_id, to, type_)
-        if type_ in options.types:
+        if type_ in options.types and self._seat_allows(to):
             self._required(type_, content, options.required_fields or ())
         else:
             # refused: the seat's routes name what is allowed instead (a refusal may cost
@@ -347,6 +347,12 @@ class AgentTools:
             raise ToolRefused(f"rejected: {result.reason}{detail}")
         return EnvelopeSent(envelope_id=result.envelope_id, to=to, type=type_,
                             status=str(getattr(result.status, "value", result.status)))
+
+    def _seat_allows(self, to: str) -> bool:
+        """Whether this seat itself lets it send to `to`, beyond the store's rights and
+        matrix: every recipient here; a narrower seat (an MCP token's) overrides it, and
+        `routes` with it."""
+        return True
 
     def send_envelope(self, args: SendEnvelopeArgs, *, call_id: str | None = None
                       ) -> EnvelopeSent:
