@@ -236,19 +236,63 @@ def test_the_token_bounds_the_seat_rights(served: Served) -> None:
     session_with(served, secret, body)
 
 
-def test_a_revoked_token_is_refused_at_once(served: Served) -> None:
-    seed(served.store)
-    token_id, secret = served.token("w1-agent", W1)
+def test_a_revoked_token_is_refused_once_the_token_cache_has_run_out(
+        store: EnvelopeStore, dsn: str) -> None:
+    """The endpoint takes a token the store confirmed live as live for `token_cache` seconds
+    (1 by default): revoked within them, it still serves; past them, 401, for good (a
+    refusal is not remembered, the store is asked again)."""
+    now = [1000.0]
+    app = create_app(dsn, mcp_options={"clock": lambda: now[0]})
+    with serve(app, store, dsn) as served:
+        seed(store)
+        token_id, secret = served.token("w1-agent", W1)
+        assert [post(served, secret, LIST).status_code for _ in range(3)] == [200] * 3
+        served.tokens.revoke(token_id)
+        now[0] += 0.9
+        assert post(served, secret, LIST).status_code == 200  # within the cache's second
+        now[0] += 0.2
+        r = post(served, secret, LIST)
+        assert r.status_code == 401 and "revoked" in json.dumps(r.json())
+        assert post(served, secret, LIST).status_code == 401
 
-    async def body(session: Any) -> int:
-        return len((await session.list_tools()).tools)
 
-    assert session_with(served, secret, body) == 8
-    served.tokens.revoke(token_id)
-    r = httpx.post(served.url, json=LIST, timeout=10,
-                   headers={"authorization": f"Bearer {secret}",
-                            "accept": "application/json, text/event-stream"})
-    assert r.status_code == 401 and "revoked" in json.dumps(r.json())
+def test_within_the_token_cache_the_store_is_not_asked_and_a_refusal_is_not_remembered(
+        store: EnvelopeStore, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+    authenticate = TokenStore.authenticate
+
+    def counted(self: TokenStore, secret: object) -> Any:
+        asked.append(str(secret)[:8])
+        return authenticate(self, secret)
+
+    monkeypatch.setattr(TokenStore, "authenticate", counted)
+    now = [1000.0]
+    with serve(create_app(dsn, mcp_options={"clock": lambda: now[0]}), store, dsn) as served:
+        seed(store)
+        _, secret = served.token("w1-agent", W1)
+        assert [post(served, secret, LIST).status_code for _ in range(5)] == [200] * 5
+        assert len(asked) == 1
+        now[0] += 1.0
+        assert post(served, secret, LIST).status_code == 200
+        assert len(asked) == 2
+        unknown = "apgw_" + "0" * 43
+        assert [post(served, unknown, LIST).status_code for _ in range(2)] == [401, 401]
+        assert len(asked) == 4
+
+
+def test_without_the_token_cache_a_revoked_token_is_refused_at_once(
+        store: EnvelopeStore, dsn: str) -> None:
+    with serve(create_app(dsn, mcp_options={"token_cache": 0}), store, dsn) as served:
+        seed(served.store)
+        token_id, secret = served.token("w1-agent", W1)
+
+        async def body(session: Any) -> int:
+            return len((await session.list_tools()).tools)
+
+        assert session_with(served, secret, body) == 5
+        served.tokens.revoke(token_id)
+        r = post(served, secret, LIST)
+        assert r.status_code == 401 and "revoked" in json.dumps(r.json())
 
 
 def test_without_the_mcp_sdk_the_endpoint_still_refuses_anonymous_callers(
