@@ -18,12 +18,12 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
-from mcp import ClientSession
+from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from agentpost.gateway.tokens import TokenStore
-from agentpost.mcpserver import mark_agent
+from agentpost.mcpserver import TokenSeat, mark_agent
 from agentpost.store import EnvelopeStore
 from agentpost.web.app import create_app
 from agentpost.web.mcpconfig import KEYS
@@ -174,6 +174,37 @@ def test_a_token_for_w1_uses_every_tool_as_w1_and_is_refused_like_stdio(
     leased = served.store.trail(envelope_id=waiting, event="envelope_leased")
     assert leased[0].body["holder"] == f"mcp:http:{token_id}"
     assert served.store.verify_trail().ok
+
+
+def test_a_client_of_the_per_request_protocol_acts_as_its_token_with_no_listing_per_call(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's 2026-07-28 protocol (one self-contained POST per request, no handshake) is
+    served too, with the token's seat; a call does not make the server list the caller's
+    tools to find the called one's schema (`input_schema` gives it)."""
+    seed(served.store)
+    _, secret = served.token("w1-agent", W1)
+    listed: list[str] = []
+    specs = TokenSeat.specs
+
+    def counted(self: TokenSeat) -> Any:
+        listed.append(self.workspace_id)
+        return specs(self)
+
+    monkeypatch.setattr(TokenSeat, "specs", counted)
+
+    async def main() -> tuple[set[str], int, dict[str, Any]]:
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {secret}"})
+        async with http, Client(streamable_http_client(served.url, http_client=http),
+                                mode="2026-07-28") as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            before = len(listed)
+            sent = result_json(await client.call_tool(
+                "send_envelope", {"to": "boss", "type": "query", "content": "status?"}))
+            return names, len(listed) - before, sent
+
+    names, listings, sent = anyio.run(main)
+    assert names == TOOLS and listed == ["w1"] and listings == 0
+    assert served.store.get(sent["envelope_id"]).sender == "w1"
 
 
 def test_a_token_for_w1_cannot_act_as_w2(served: Served) -> None:
