@@ -18,12 +18,12 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
-from mcp import ClientSession
+from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from agentpost.gateway.tokens import TokenStore
-from agentpost.mcpserver import mark_agent
+from agentpost.mcpserver import TokenSeat, mark_agent
 from agentpost.store import EnvelopeStore
 from agentpost.web.app import create_app
 from agentpost.web.mcpconfig import KEYS
@@ -176,6 +176,37 @@ def test_a_token_for_w1_uses_every_tool_as_w1_and_is_refused_like_stdio(
     assert served.store.verify_trail().ok
 
 
+def test_a_client_of_the_per_request_protocol_acts_as_its_token_with_no_listing_per_call(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's 2026-07-28 protocol (one self-contained POST per request, no handshake) is
+    served too, with the token's seat; a call does not make the server list the caller's
+    tools to find the called one's schema (`input_schema` gives it)."""
+    seed(served.store)
+    _, secret = served.token("w1-agent", W1)
+    listed: list[str] = []
+    specs = TokenSeat.specs
+
+    def counted(self: TokenSeat) -> Any:
+        listed.append(self.workspace_id)
+        return specs(self)
+
+    monkeypatch.setattr(TokenSeat, "specs", counted)
+
+    async def main() -> tuple[set[str], int, dict[str, Any]]:
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {secret}"})
+        async with http, Client(streamable_http_client(served.url, http_client=http),
+                                mode="2026-07-28") as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            before = len(listed)
+            sent = result_json(await client.call_tool(
+                "send_envelope", {"to": "boss", "type": "query", "content": "status?"}))
+            return names, len(listed) - before, sent
+
+    names, listings, sent = anyio.run(main)
+    assert names == TOOLS and listed == ["w1"] and listings == 0
+    assert served.store.get(sent["envelope_id"]).sender == "w1"
+
+
 def test_a_token_for_w1_cannot_act_as_w2(served: Served) -> None:
     seed(served.store)
     for_w2 = served.store.send("boss", "w2", "directive", "w2's job").envelope_id
@@ -236,19 +267,63 @@ def test_the_token_bounds_the_seat_rights(served: Served) -> None:
     session_with(served, secret, body)
 
 
-def test_a_revoked_token_is_refused_at_once(served: Served) -> None:
-    seed(served.store)
-    token_id, secret = served.token("w1-agent", W1)
+def test_a_revoked_token_is_refused_once_the_token_cache_has_run_out(
+        store: EnvelopeStore, dsn: str) -> None:
+    """The endpoint takes a token the store confirmed live as live for `token_cache` seconds
+    (1 by default): revoked within them, it still serves; past them, 401, for good (a
+    refusal is not remembered, the store is asked again)."""
+    now = [1000.0]
+    app = create_app(dsn, mcp_options={"clock": lambda: now[0]})
+    with serve(app, store, dsn) as served:
+        seed(store)
+        token_id, secret = served.token("w1-agent", W1)
+        assert [post(served, secret, LIST).status_code for _ in range(3)] == [200] * 3
+        served.tokens.revoke(token_id)
+        now[0] += 0.9
+        assert post(served, secret, LIST).status_code == 200  # within the cache's second
+        now[0] += 0.2
+        r = post(served, secret, LIST)
+        assert r.status_code == 401 and "revoked" in json.dumps(r.json())
+        assert post(served, secret, LIST).status_code == 401
 
-    async def body(session: Any) -> int:
-        return len((await session.list_tools()).tools)
 
-    assert session_with(served, secret, body) == 8
-    served.tokens.revoke(token_id)
-    r = httpx.post(served.url, json=LIST, timeout=10,
-                   headers={"authorization": f"Bearer {secret}",
-                            "accept": "application/json, text/event-stream"})
-    assert r.status_code == 401 and "revoked" in json.dumps(r.json())
+def test_within_the_token_cache_the_store_is_not_asked_and_a_refusal_is_not_remembered(
+        store: EnvelopeStore, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+    authenticate = TokenStore.authenticate
+
+    def counted(self: TokenStore, secret: object) -> Any:
+        asked.append(str(secret)[:8])
+        return authenticate(self, secret)
+
+    monkeypatch.setattr(TokenStore, "authenticate", counted)
+    now = [1000.0]
+    with serve(create_app(dsn, mcp_options={"clock": lambda: now[0]}), store, dsn) as served:
+        seed(store)
+        _, secret = served.token("w1-agent", W1)
+        assert [post(served, secret, LIST).status_code for _ in range(5)] == [200] * 5
+        assert len(asked) == 1
+        now[0] += 1.0
+        assert post(served, secret, LIST).status_code == 200
+        assert len(asked) == 2
+        unknown = "apgw_" + "0" * 43
+        assert [post(served, unknown, LIST).status_code for _ in range(2)] == [401, 401]
+        assert len(asked) == 4
+
+
+def test_without_the_token_cache_a_revoked_token_is_refused_at_once(
+        store: EnvelopeStore, dsn: str) -> None:
+    with serve(create_app(dsn, mcp_options={"token_cache": 0}), store, dsn) as served:
+        seed(served.store)
+        token_id, secret = served.token("w1-agent", W1)
+
+        async def body(session: Any) -> int:
+            return len((await session.list_tools()).tools)
+
+        assert session_with(served, secret, body) == 5
+        served.tokens.revoke(token_id)
+        r = post(served, secret, LIST)
+        assert r.status_code == 401 and "revoked" in json.dumps(r.json())
 
 
 def test_without_the_mcp_sdk_the_endpoint_still_refuses_anonymous_callers(

@@ -45,6 +45,11 @@ def test_the_rate_limit() -> None:
     assert options_from({"mcp_token_rate": "OFF"}) == {"token_rate": None}
 
 
+def test_the_token_cache() -> None:
+    assert options_from({"mcp_token_cache": "0.5"}) == {"token_cache": 0.5}
+    assert options_from({"mcp_token_cache": "0"}) == {"token_cache": 0.0}
+
+
 @pytest.mark.parametrize(("settings", "named"), [
     ({"mcp_scopes": "deploys"}, "mcp_scopes needs mcp_space"),
     ({"mcp_space": "ops", "mcp_scopes": "deploys :deploy"}, "mcp_scopes: bad --scope"),
@@ -56,6 +61,9 @@ def test_the_rate_limit() -> None:
     ({"mcp_token_rate": "fast"}, "mcp_token_rate"),
     ({"mcp_token_burst": "0"}, "mcp_token_burst = '0'"),
     ({"mcp_token_burst": "1.5"}, "mcp_token_burst"),
+    ({"mcp_token_cache": "-1"}, "mcp_token_cache = '-1'"),
+    ({"mcp_token_cache": "inf"}, "mcp_token_cache"),
+    ({"mcp_token_cache": "soon"}, "mcp_token_cache"),
 ])
 def test_a_wrong_setting_is_refused_by_name(settings: dict[str, str], named: str) -> None:
     with pytest.raises(ConfigurationError, match=r"^\[agentpost\] ") as caught:

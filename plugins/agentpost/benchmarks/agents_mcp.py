@@ -4,15 +4,19 @@ SDK's own client, as an MCP client would call them.
 - ``mcp-stdio``: ``agentpost mcp serve`` as a subprocess (this interpreter, this code, the
   bench's database and the environment of this process), through the SDK's `stdio_client`;
 - ``mcp-http``: the plugin's web app, mounted at ``/agentpost`` as Airflow's API server
-  mounts it, with the bench's mark space, served by uvicorn on a free loopback port in a
-  thread of this process; a gateway token fixes the seat, and the SDK's
-  `streamable_http_client` calls ``/agentpost/mcp``.
+  mounts it, with the bench's mark space, served by uvicorn in a process of its own, as
+  Airflow's API server is (`agentpost.benchmarks.agents_http`: this interpreter, this code,
+  the bench's database and environment), on a free port of 127.0.0.1; a gateway token fixes
+  the seat, and the SDK's `streamable_http_client` calls ``/agentpost/mcp``.
 
-Each keeps one `ClientSession` open for the whole bench, on an event loop of its own in a
-background thread, so a call from the (synchronous) bench blocks until its answer is in.
+Each keeps one `ClientSession` open for the whole bench, on an event loop of its own that a
+call from the (synchronous) bench runs until its answer is in, in the bench's thread: no
+hop to another thread, as in an agent whose client runs on its own loop.
 Leaving a transport closes the session and stops what it started: the SDK's stdio client
-closes the server's stdin and ends its process group if it lingers; uvicorn is shut down,
-its thread joined and its socket closed; the token is revoked.
+closes the server's stdin and ends its process group if it lingers; the HTTP server, started
+in a process group of its own, is sent SIGTERM (uvicorn's shutdown, the app's lifespan
+included) and waited for, its group killed if it lingers; its port closes with it; the token
+is revoked.
 
 Importing this module needs the ``ai`` extra (the `mcp` SDK): an ImportError otherwise.
 """
@@ -20,14 +24,16 @@ Importing this module needs the ``ai`` extra (the `mcp` SDK): an ImportError oth
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
+import http.client
 import json
 import logging
 import os
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
@@ -35,13 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from agentpost.benchmarks.agents import Caller, Seat, Transport
+from agentpost.benchmarks.agents_http import CHATTY
 from agentpost.mcpserver import mark_agent  # without the mcp SDK: an ImportError saying so
 
 log = logging.getLogger(__name__)
 
-#: loggers that say a line per request at INFO (the HTTP client, the SDK): quiet during the
-#: bench, so that the latencies are not the log's (Airflow's logging, when imported, is INFO)
-CHATTY = ("httpx2", "httpx", "mcp", "uvicorn")
+# CHATTY: loggers that say a line per request at INFO (the HTTP client, the SDK): quiet during
+# the bench, so that the latencies are not the log's (Airflow's logging, when imported, is INFO)
 #: how long starting a server (and its session) may take, and one call, in seconds
 START_TIMEOUT = 60.0
 CALL_TIMEOUT = 60.0
@@ -55,13 +61,10 @@ def mcp_stdio(seat: Seat) -> Iterator[Caller]:
     from mcp.client.stdio import stdio_client
 
     _check_agent(seat, seat.agent.name)
-    scope = seat.scope
-    scope_arg = (f"{scope.name}:{','.join(scope.allowed_intent_verbs)}"
-                 f":{','.join(scope.allowed_action_verbs)}")
     params = StdioServerParameters(
         command=sys.executable,
         args=["-m", "agentpost.cli", "mcp", "serve", "--workspace", seat.workspace,
-              "--space", seat.space, "--scope", scope_arg, "--agent", seat.agent.name],
+              "--space", seat.space, "--scope", _scope_arg(seat), "--agent", seat.agent.name],
         env=_server_env(seat.dsn))
 
     # the server's stderr (notes, warnings, the reason it failed) to a file, then to ours:
@@ -85,15 +88,14 @@ def mcp_stdio(seat: Seat) -> Iterator[Caller]:
 
 @contextmanager
 def mcp_http(seat: Seat) -> Iterator[Caller]:
-    """The plugin's app under uvicorn on loopback, called over streamable HTTP with a
-    gateway token for the seat's workspace."""
+    """The plugin's app under uvicorn on loopback, in a server process of its own, called
+    over streamable HTTP with a gateway token for the seat's workspace."""
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared._httpx_utils import create_mcp_http_client
 
     from agentpost.gateway.tokens import TokenStore
     from agentpost.protocol.leases import stream_of
-    from agentpost.web.app import create_app
 
     _check_agent(seat, seat.workspace)  # the endpoint names each token's agent after its seat
     tokens = TokenStore(seat.store)
@@ -101,9 +103,8 @@ def mcp_http(seat: Seat) -> Iterator[Caller]:
         f"bench-{seat.workspace}",
         [f"senders:{seat.workspace}:send", f"streams:{stream_of(seat.lead)}:enqueue",
          f"streams:{stream_of(seat.workspace)}:subscribe"])
-    app = _mounted(create_app(seat.dsn, mcp_space=seat.space, mcp_scopes=[seat.scope]))
     try:
-        with _quiet(), _uvicorn(app) as base:
+        with _quiet(), _http_server(seat) as base:
             url = f"{base}/agentpost/mcp"
 
             @asynccontextmanager
@@ -145,67 +146,93 @@ def _server_env(dsn: str) -> dict[str, str]:
     return {**os.environ, "AGENTPOST_DSN": dsn, "PYTHONPATH": path}
 
 
-def _mounted(plugin: Any) -> Any:
-    """`plugin` at /agentpost of an outer app whose lifespan runs the plugin's, as Airflow's
-    API server mounts plugin apps."""
-    from fastapi import FastAPI
-
-    @asynccontextmanager
-    async def lifespan(_: Any) -> AsyncIterator[None]:
-        async with plugin.router.lifespan_context(plugin):
-            yield
-
-    outer = FastAPI(lifespan=lifespan)
-    outer.mount("/agentpost", plugin)
-    return outer
+def _scope_arg(seat: Seat) -> str:
+    """The seat's scope as ``--scope`` takes it (``NAME:INTENT_VERBS:ACTION_VERBS``)."""
+    scope = seat.scope
+    return (f"{scope.name}:{','.join(scope.allowed_intent_verbs)}"
+            f":{','.join(scope.allowed_action_verbs)}")
 
 
 @contextmanager
-def _uvicorn(app: Any) -> Iterator[str]:
-    """`app` served by uvicorn on a free port of 127.0.0.1, in a thread; its base URL.
-    Leaving shuts the server down (lifespan included), joins the thread, closes the port."""
-    import uvicorn
+def _http_server(seat: Seat) -> Iterator[str]:
+    """The plugin's app for the seat (`agentpost.benchmarks.agents_http`) in a process of its
+    own, in a process group of its own, serving a socket opened here on a free port of
+    127.0.0.1 and handed to it; its base URL once it answers. Leaving sends the group SIGTERM
+    and waits (SIGKILL if it lingers), so that no process and no port outlives the bench;
+    its stderr goes to ours then."""
+    with (tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as errlog,
+          socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock):
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        port = sock.getsockname()[1]
+        proc: subprocess.Popen[bytes] | None = None
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "agentpost.benchmarks.agents_http",
+                 "--fd", str(sock.fileno()), "--space", seat.space, "--scope", _scope_arg(seat)],
+                env=_server_env(seat.dsn), pass_fds=(sock.fileno(),), stdin=subprocess.DEVNULL,
+                stdout=errlog, stderr=errlog, start_new_session=True)
+            sock.close()  # the server's now: the port closes when it ends
+            _wait_until_served(proc, port, "/agentpost/mcp")
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            try:
+                if proc is not None:
+                    _stop_group(proc)
+            finally:
+                errlog.seek(0)
+                sys.stderr.write("".join(f"mcp-http server: {line}\n"
+                                         for line in errlog.read().splitlines()))
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning",
-                                           access_log=False, lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
-                              name="agentpost-bench-uvicorn", daemon=True)
+
+def _wait_until_served(proc: subprocess.Popen[bytes], port: int, path: str) -> None:
+    """Until the endpoint at `path` answers (401 to an anonymous POST: the app is mounted
+    and its endpoint built); an error if the server ends first, or takes over
+    START_TIMEOUT."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the MCP HTTP server stopped before serving (exit code "
+                               f"{proc.returncode}; its stderr follows)")
+        probe = http.client.HTTPConnection("127.0.0.1", port, timeout=1.0)
+        try:
+            probe.request("POST", path, body=b"{}", headers={"content-type": "application/json"})
+            if probe.getresponse().status == 401:
+                return
+        except OSError:  # not answering yet (refused, reset, timed out)
+            pass
+        finally:
+            probe.close()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the MCP HTTP server did not answer within {START_TIMEOUT:g} s")
+        time.sleep(0.05)
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the process group `proc` leads, a wait, SIGKILL to what is left."""
+    pgid = proc.pid  # start_new_session: the server leads a group of its own
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
     try:
-        thread.start()
-        deadline = time.monotonic() + START_TIMEOUT
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError("uvicorn stopped before serving the MCP endpoint")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn did not start within {START_TIMEOUT:g} s")
-            time.sleep(0.02)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(STOP_TIMEOUT)
-        if thread.is_alive():  # a connection that would not close: stop without waiting
-            server.force_exit = True
-            thread.join(STOP_TIMEOUT)
-        sock.close()
-        if thread.is_alive():
-            log.warning("agentpost bench: uvicorn did not stop within %g s", 2 * STOP_TIMEOUT)
+        proc.wait(STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        log.warning("agentpost bench: the MCP HTTP server did not stop within %g s; killed",
+                    STOP_TIMEOUT)
+    with contextlib.suppress(ProcessLookupError):  # it, if it lingers, and any straggler
+        os.killpg(pgid, signal.SIGKILL)
+    proc.wait(STOP_TIMEOUT)
 
 
 @contextmanager
 def _calling(open_session: Callable[[], AbstractAsyncContextManager[Any]],
              what: str) -> Iterator[Caller]:
-    """A blocking caller over one MCP session, the session held open by one task on an
-    event loop in a thread of its own (the SDK's task groups must be left by the task that
-    entered them); leaving closes the session, then the loop."""
+    """A blocking caller over one MCP session. The session is held open by one task (the
+    SDK's task groups must be left by the task that entered them) on an event loop of this
+    thread, which runs while a call is made: the call awaits its answer on the loop that
+    holds the session, as an agent's own client would, with no hop to another thread.
+    Leaving closes the session, then the loop."""
     loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name=f"agentpost-bench-{what}",
-                              daemon=True)
-    thread.start()
-    opened: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    opened: asyncio.Future[Any] = loop.create_future()
     stop = asyncio.Event()
 
     async def hold() -> None:
@@ -220,13 +247,14 @@ def _calling(open_session: Callable[[], AbstractAsyncContextManager[Any]],
                 opened.set_exception(exc)
             raise
 
-    held = asyncio.run_coroutine_threadsafe(hold(), loop)
+    held = loop.create_task(hold())
     try:
-        session = opened.result(START_TIMEOUT)
+        session = loop.run_until_complete(asyncio.wait_for(asyncio.shield(opened),
+                                                           START_TIMEOUT))
 
         def call(name: str, args: dict[str, Any]) -> dict[str, Any]:
-            result = asyncio.run_coroutine_threadsafe(session.call_tool(name, args),
-                                                      loop).result(CALL_TIMEOUT)
+            result = loop.run_until_complete(asyncio.wait_for(session.call_tool(name, args),
+                                                              CALL_TIMEOUT))
             text = next((c.text for c in result.content if getattr(c, "text", None)), "")
             if result.is_error:
                 raise RuntimeError(f"{what}: {name} failed: {text}")
@@ -236,13 +264,13 @@ def _calling(open_session: Callable[[], AbstractAsyncContextManager[Any]],
 
         yield call
     finally:
-        loop.call_soon_threadsafe(stop.set)
+        stop.set()
         try:
-            held.result(STOP_TIMEOUT)
-        except concurrent.futures.TimeoutError:
+            loop.run_until_complete(asyncio.wait_for(asyncio.shield(held), STOP_TIMEOUT))
+        except TimeoutError:
             held.cancel()  # the SDK's own shutdown still ends the server process
             try:
-                held.result(STOP_TIMEOUT)
+                loop.run_until_complete(asyncio.wait_for(held, STOP_TIMEOUT))
             except BaseException:  # cancelled, or its own failure: the session is gone
                 log.warning("agentpost bench: the %s session did not close cleanly", what)
         except Exception:
@@ -250,10 +278,8 @@ def _calling(open_session: Callable[[], AbstractAsyncContextManager[Any]],
                 log.warning("agentpost bench: closing the %s session failed", what,
                             exc_info=True)
         finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(STOP_TIMEOUT)
-            if not thread.is_alive():
-                loop.close()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
 
 
 @contextmanager

@@ -31,7 +31,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 
 from agentpost.protocol.errors import ConfigurationError, StoreError
-from agentpost.tools import AgentTools, RunInfo, ToolRefused
+from agentpost.tools import TOOLS, AgentTools, RunInfo, ToolRefused
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,19 @@ def failure_line(exc: BaseException) -> str:
     return f"internal error in the agentpost MCP server ({type(exc).__name__})"
 
 
+#: each tool's input schema (its argument model's JSON schema), made once: the same for
+#: every seat (the seat changes the descriptions and which tools are listed, not the schemas)
+INPUT_SCHEMAS: dict[str, dict[str, Any]] = {spec.name: spec.args.model_json_schema()
+                                            for spec in TOOLS}
+
+
+def input_schema(name: str) -> dict[str, Any] | None:
+    """The input schema of the tool `name` (None: no such tool), for the SDK's per-request
+    protocol (2026-07-28), which checks a call's ``Mcp-Param-*`` headers against it; without
+    it the SDK would list the caller's tools on every call to find it."""
+    return INPUT_SCHEMAS.get(name)
+
+
 def build_server(seat_of: SeatOf | AgentTools, *, name: str = SERVER_NAME) -> Server[Any]:
     """An MCP server offering the agent tools of the seat `seat_of` returns for each
     request (or of the one seat given)."""
@@ -68,7 +81,7 @@ def build_server(seat_of: SeatOf | AgentTools, *, name: str = SERVER_NAME) -> Se
         specs = await anyio.to_thread.run_sync(seat(ctx).specs)
         return types.ListToolsResult(tools=[
             types.Tool(name=spec.name, description=spec.description,
-                       input_schema=spec.args.model_json_schema())
+                       input_schema=INPUT_SCHEMAS.get(spec.name) or spec.args.model_json_schema())
             for spec in specs])
 
     async def call_tool(ctx: ServerRequestContext[Any, Any],
@@ -87,7 +100,8 @@ def build_server(seat_of: SeatOf | AgentTools, *, name: str = SERVER_NAME) -> Se
             content=[types.TextContent(type="text", text=json.dumps(result, ensure_ascii=False))],
             structured_content=result, is_error=False)
 
-    return Server(name, on_list_tools=list_tools, on_call_tool=call_tool)
+    return Server(name, on_list_tools=list_tools, on_call_tool=call_tool,
+                  get_tool_input_schema=input_schema)
 
 
 def stdio_run(workspace_id: str) -> RunInfo:

@@ -12,6 +12,9 @@ section of Airflow's configuration (``airflow.cfg``, or ``AIRFLOW__AGENTPOST__<K
     mcp_token_rate    requests per second of a token's bucket when the token has no rate of
                       its own; ``off``: no limit (default: the gateway's, 50)
     mcp_token_burst   that bucket's size (default: the gateway's, 100)
+    mcp_token_cache   seconds a token the store confirmed live is taken as live without
+                      asking the store again, so a revoked token is refused within that
+                      time; 0: ask on every request (default: 1)
 
 Read on the endpoint's first request (`airflow_mcp_options`), not when Airflow imports the
 plugin: a wrong setting then fails the endpoint alone (500 to signed callers, the reason in
@@ -26,7 +29,8 @@ from typing import Any
 from agentpost.protocol.errors import ConfigurationError, InvalidInput
 
 SECTION = "agentpost"
-KEYS = ("mcp_space", "mcp_scopes", "mcp_fleet", "mcp_token_rate", "mcp_token_burst")
+KEYS = ("mcp_space", "mcp_scopes", "mcp_fleet", "mcp_token_rate", "mcp_token_burst",
+        "mcp_token_cache")
 _OFF = {"off", "none"}
 
 
@@ -68,6 +72,9 @@ def options_from(settings: dict[str, str | None]) -> dict[str, Any]:
         options["token_rate"] = None if rate.lower() in _OFF else _rate(rate)
     if burst is not None:
         options["token_burst"] = _burst(burst)
+    cache = settings.get("mcp_token_cache")
+    if cache is not None:
+        options["token_cache"] = _seconds(cache)
     return options
 
 
@@ -90,6 +97,17 @@ def _burst(text: str) -> int:
     if value < 1:
         raise ConfigurationError(f"[{SECTION}] mcp_token_burst = {text!r}: use a whole "
                                  "number of requests, at least 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigurationError(f"[{SECTION}] mcp_token_cache = {text!r}: use a number of "
+                                 "seconds, 0 or more (0: no cache)")
     return value
 
 
