@@ -29,6 +29,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from airflow.providers.common.ai.mixins.approval import LLMApprovalMixin
+
 from agentpost.protocol.commands import CommandState
 from agentpost.smcl import CommandLedger
 from agentpost.tools import AgentTools
@@ -39,9 +41,6 @@ log = logging.getLogger(__name__)
 PENDING_KEY = "agentpost_commands_awaiting_approval"
 #: the task state store's key for the leases the paused run held
 LEASES_KEY = "agentpost_leases_across_approval"
-#: the approval request's options, as AgentOperator writes them
-APPROVE, REJECT = "Approve", "Reject"
-NEED_SCOPE = "commands"  # the scope AgentTools asks in (tools/agent.py)
 
 
 def task_context() -> Mapping[str, Any] | None:
@@ -135,10 +134,10 @@ def settle(context: Mapping[str, Any], seat: AgentTools) -> list[str]:
         log.warning("commands %s: the approval request ended without a person's answer; "
                     "they keep waiting in the ledger", ", ".join(pending))
         return []
-    decision = "confirm" if APPROVE in (answer.get("chosen_options") or []) else "decline"
-    with CommandLedger(seat.store, marks=seat.marks, need_scope=NEED_SCOPE) as ledger:
+    approved = LLMApprovalMixin.APPROVE in (answer.get("chosen_options") or [])
+    with seat.ledger() as ledger:
         for command_id in pending:
-            decide(ledger, command_id, who, decision,
+            decide(ledger, command_id, who, "confirm" if approved else "decline",
                    key=f"hitl:{context['ti'].id}:{command_id}")
     return pending
 
@@ -154,5 +153,5 @@ def decide(ledger: CommandLedger, command_id: str, who: str, decision: str, *,
     ledger.confirmation_envelope(who, command_id, decision, envelope_id=key[:120])
 
 
-__all__ = ["APPROVE", "LEASES_KEY", "PENDING_KEY", "REJECT", "decide", "keep_leases",
+__all__ = ["LEASES_KEY", "PENDING_KEY", "decide", "keep_leases",
            "person", "remember", "restore_leases", "resume_event", "settle", "task_context"]

@@ -538,6 +538,11 @@ class AgentTools:
 
     # ---- commands ----------------------------------------------------------------------
 
+    def ledger(self) -> CommandLedger:
+        """The SMCL ledger this seat's commands go through: its store, and its mark space
+        for the blocking needs that ask a person (scope ``commands``). Close it after use."""
+        return CommandLedger(self.store, marks=self.marks, need_scope=_NEED_SCOPE)
+
     def submit_command(self, args: SubmitCommandArgs, *, call_id: str | None = None
                        ) -> CommandSubmitted:
         self._check_size(args.args)
@@ -562,7 +567,7 @@ class AgentTools:
                     raise ToolRefused(f"a mutating command needs the scope {_NEED_SCOPE!r} in "
                                       "this agent's mark space for its confirmation; it has "
                                       "none") from None
-            with CommandLedger(self.store, marks=self.marks, need_scope=_NEED_SCOPE) as ledger:
+            with self.ledger() as ledger:
                 view = ledger.submit(self.workspace_id, args.key, action=args.action,
                                      mutating=args.mutating, executor=executor,
                                      args=args.args,

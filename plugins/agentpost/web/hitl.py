@@ -27,10 +27,6 @@ from agentpost.web.links import run_link
 
 Q = load_queries("agentpost.web", "commands.sql")
 
-#: the options of AgentOperator's approval request
-APPROVE, REJECT = "Approve", "Reject"
-
-
 def waiting_task(store: EnvelopeStore, command_id: str) -> dict[str, Any] | None:
     """dag_id, task_id, run_id, map_index of the Airflow task instance that submitted the
     command through the agent tools, or None (submitted otherwise)."""
@@ -66,10 +62,13 @@ def answering(task: dict[str, Any] | None, user: Any, approve: bool,
         raise Forbidden(f"you may not answer the approval requests of DAG {task['dag_id']!r}")
     from airflow.api_fastapi.core_api.datamodels.hitl import UpdateHITLDetailPayload
     from airflow.api_fastapi.core_api.routes.public.hitl import update_hitl_detail
+
+    # an agent's task waits: common-ai runs it, and its request offers these options
+    from airflow.providers.common.ai.mixins.approval import LLMApprovalMixin as Options
     from airflow.utils.session import create_session
 
     payload = UpdateHITLDetailPayload(
-        chosen_options=[APPROVE if approve else REJECT],
+        chosen_options=[Options.APPROVE if approve else Options.REJECT],
         params_input={} if approve else {"reason": reason})
     with create_session() as session:
         try:
@@ -96,4 +95,4 @@ def answering(task: dict[str, Any] | None, user: Any, approve: bool,
             raise
 
 
-__all__ = ["APPROVE", "REJECT", "answering", "waiting_task"]
+__all__ = ["answering", "waiting_task"]

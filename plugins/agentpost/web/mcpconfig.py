@@ -24,6 +24,7 @@ the API server's log), not the plugin's page and links with it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from agentpost.protocol.errors import ConfigurationError, InvalidInput
@@ -78,37 +79,32 @@ def options_from(settings: dict[str, str | None]) -> dict[str, Any]:
     return options
 
 
-def _rate(text: str) -> float:
+def _number(text: str, option: str, hint: str, ok: Callable[[float], bool], *,
+            whole: bool = False) -> float:
+    """`text` as a finite number `ok` accepts (a whole one with `whole`), or a
+    ConfigurationError naming the option and what to use (`hint`)."""
     try:
-        value = float(text)
+        value = int(text) if whole else float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigurationError(f"[{SECTION}] mcp_token_rate = {text!r}: use a positive "
-                                 "number of requests per second, or off")
+    if not (math.isfinite(value) and ok(value)):
+        raise ConfigurationError(f"[{SECTION}] {option} = {text!r}: use {hint}")
     return value
+
+
+def _rate(text: str) -> float:
+    return _number(text, "mcp_token_rate", "a positive number of requests per second, or off",
+                   lambda v: v > 0)
 
 
 def _burst(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigurationError(f"[{SECTION}] mcp_token_burst = {text!r}: use a whole "
-                                 "number of requests, at least 1")
-    return value
+    return int(_number(text, "mcp_token_burst", "a whole number of requests, at least 1",
+                       lambda v: v >= 1, whole=True))
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise ConfigurationError(f"[{SECTION}] mcp_token_cache = {text!r}: use a number of "
-                                 "seconds, 0 or more (0: no cache)")
-    return value
+    return _number(text, "mcp_token_cache", "a number of seconds, 0 or more (0: no cache)",
+                   lambda v: v >= 0)
 
 
 def airflow_mcp_options() -> dict[str, Any]:

@@ -339,9 +339,7 @@ def decide_act(store: EnvelopeStore, command_id: str, user: Any, approve: bool, 
         view = ledger.view(_command_id(command_id))
         if _decided_by(store, decision_id, view.command_id):
             return f"/commands/{view.command_id}"  # a replay lands on the first post's act
-        if view.state is not CommandState.CONFIRMATION_REQUIRED or view.declined:
-            raise Conflict(f"command {view.command_id} is {_waits(view)}: it waits for no "
-                           "decision")
+        _check_waiting(view)
         reason = note or f"declined on the agentpost page by {person}"
         with hitl.answering(hitl.waiting_task(store, view.command_id), user, approve,
                             reason) as said:
@@ -351,8 +349,12 @@ def decide_act(store: EnvelopeStore, command_id: str, user: Any, approve: bool, 
     return f"/commands/{view.command_id}?{urlencode({'airflow': said()})}"
 
 
-def _waits(view: CommandView) -> str:
-    return "declined" if view.declined else view.state.value
+def _check_waiting(view: CommandView) -> None:
+    """Conflict unless the command waits for a person's decision (a declined command stays
+    confirmation_required)."""
+    if view.state is not CommandState.CONFIRMATION_REQUIRED or view.declined:
+        state = "declined" if view.declined else view.state.value
+        raise Conflict(f"command {view.command_id} is {state}: it waits for no decision")
 
 
 def _decided_by(store: EnvelopeStore, envelope_id: str, command_id: str) -> bool:
@@ -371,11 +373,8 @@ async def _decide_post(request: Request, store: EnvelopeStore, user: Any, comman
     def check() -> CommandView:
         with CommandLedger(store) as ledger:
             view = ledger.view(_command_id(command_id))
-        # the confirmed act checks again (and lets a replay land on the first post's act)
-        if not confirming and (view.state is not CommandState.CONFIRMATION_REQUIRED
-                               or view.declined):
-            raise Conflict(f"command {view.command_id} is {_waits(view)}: it waits for no "
-                           "decision")
+        if not confirming:  # the confirmed act checks again (a replay lands on its act)
+            _check_waiting(view)
         return view
 
     view = await asyncio.to_thread(check)
