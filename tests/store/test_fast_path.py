@@ -140,3 +140,55 @@ def test_a_send_to_a_receiver_with_a_queue_keeps_the_two_phase_path(
         "envelope_created", "envelope_delivered", "signal_emitted"]
     assert len(set.union(*_xmins(dsn, queued.envelope_id).values())) == 2
     assert fleet.verify_trail().ok
+
+
+def _counts(dsn: str) -> tuple[int, int, int]:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT (SELECT count(*) FROM agentpost.envelopes),"
+                        " (SELECT count(*) FROM agentpost.trail),"
+                        " (SELECT count(*) FROM agentpost.signals)")
+            return tuple(cur.fetchone())
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(("sender", "to", "etype", "content", "fmt", "status", "reason"), CASES)
+def test_send_checked_sends_what_send_accepts_and_writes_nothing_else(
+        fleet: EnvelopeStore, dsn: str, sender: str, to: str, etype: str, content: str,
+        fmt: str, status: str, reason: str | None) -> None:
+    """send_checked (the agent tools' one-round-trip send) sends a draft the store accepts
+    exactly as send does, meta included; every draft send would reject comes back None with
+    not one row written (no envelope, no trail entry, no signal)."""
+    meta = {"tool_call": {"tool": "send_envelope", "call_id": "c1"}}
+    before = _counts(dsn)
+    checked = fleet.send_checked(sender, to, etype, content, format=fmt, meta=meta)
+    if reason is not None:
+        assert checked is None
+        assert _counts(dsn) == before
+        return
+    assert checked is not None and (checked.status, checked.reason) == (status, None)
+    plain = fleet.send(sender, to, etype, content, format=fmt, meta=meta)
+    assert _trail_shape(dsn, checked.envelope_id) == _trail_shape(dsn, plain.envelope_id)
+    assert fleet.get(checked.envelope_id).meta == meta
+    assert fleet.verify_trail().ok
+
+
+def test_send_checked_leaves_send_once_and_rules_to_the_long_way(fleet: EnvelopeStore,
+                                                                 dsn: str) -> None:
+    """A send that would spend a send-once right, and any send while a rule is enabled, is
+    not send_checked's case: None, nothing written, and the right still unspent."""
+    fleet.register_type("ping", ["worker"], ["worker"])
+    fleet.grant_right("w2", "w1", "w2", "send_once")
+    before = _counts(dsn)
+    assert fleet.send_checked("w1", "w2", "ping", "once") is None
+    assert _counts(dsn) == before
+    assert fleet.send("w1", "w2", "ping", "once").status == "acknowledged"
+    fleet.register_type("notification", ["worker"], ["coordinator"])
+    fleet.add_rule({"id": "note.lead", "when": {"type": "report"},
+                    "do": [{"action": "notify", "to": "agents/lead/inbox",
+                            "payload": {"ref": "${env.id}"}}]})
+    before = _counts(dsn)
+    assert fleet.send_checked("lead", "w1", "directive", "go") is None
+    assert _counts(dsn) == before

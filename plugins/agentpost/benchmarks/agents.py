@@ -21,16 +21,21 @@ the scope at that moment rather than the path.
 
 It prints p50/p95 per tool and path, the overhead of each path over the direct call at p95
 (milliseconds) and as a p50 ratio, and judges issue 24's goal for the toolset: under 1 ms
-at p95 over the direct call. The goal is judged on the toolset path; the agent loop's own
-cost is printed beside it (it is pydantic-ai's, not agentpost's).
+at p95 over the direct call, for every tool call. The goal is judged on the toolset path;
+the agent loop's own cost is printed beside it (it is pydantic-ai's, not agentpost's).
 
 MCP: two more paths, ``mcp-stdio`` and ``mcp-http`` (`agentpost.benchmarks.agents_mcp`),
 the same calls through the `mcp` SDK's client, to ``agentpost mcp serve`` in a subprocess and
 to the plugin's app at ``/agentpost/mcp`` under uvicorn on loopback. They run by default;
 without the ``ai`` extra (no `mcp` SDK) the bench says that MCP was not measured. The HTTP
 goal, p95 under 10 ms for send_envelope and read_inbox, is judged on ``mcp-http``: for
-read_inbox on the read_inbox call alone, timed inside the read_inbox+ack pair (its ack is
-timed into the pair only); the pair's p95 is printed beside it.
+read_inbox on the read_inbox call alone, timed inside the read_inbox+ack pair; the pair's
+p95 is printed beside it.
+
+The pair is two tool calls, so each is also timed alone inside it (`read_inbox`, `ack`;
+on the direct path the lease and the ack) and printed as rows of its own; the toolset goal
+is judged per tool call, on those two rows and the other tools, the pair printed for
+scale.
 
 `run(transports=...)` takes the paths beyond the in-process ones by name: each a
 `Transport`, a context manager factory that, given the seat (`Seat`), yields a caller
@@ -66,8 +71,12 @@ READ_MARKS = 100
 KINDS = (MarkType.INTENT, MarkType.ACTION, MarkType.OBSERVATION, MarkType.WARNING,
          MarkType.NEED)
 TOOLS = ("send_envelope", "read_inbox+ack", "read_marks", "write_mark", "claim")
-#: the read_inbox call alone (the lease, directly), timed inside read_inbox+ack
+#: the read_inbox call alone (the lease, directly) and the ack alone, each timed inside
+#: read_inbox+ack
 READ_ALONE = "read_inbox"
+ACK_ALONE = "ack"
+#: the rows the toolset goal is judged on: one tool call each (the pair is two)
+JUDGED = ("send_envelope", READ_ALONE, ACK_ALONE, "read_marks", "write_mark", "claim")
 PATHS = ("direct", "tools", "toolset", "agent")
 
 #: a caller of the tools over some transport: (tool name, raw arguments) -> the result JSON
@@ -248,12 +257,12 @@ class _Bench:
             return lambda: store.send(me, lead, "query", "status?",
                                       meta=self._meta("send_envelope"))
         if tool == "read_inbox+ack":
-            def lease_ack() -> float:
+            def lease_ack() -> tuple[float, float]:
                 start = time.perf_counter()
                 (lease,) = store.lease(me, max=1, ttl=300.0, holder=self.run_info.ref)
-                read = time.perf_counter() - start
+                read = time.perf_counter()
                 store.ack(lease.token)
-                return read
+                return read - start, time.perf_counter() - read
             return lease_ack
         if tool == "read_marks":
             return lambda: self.space.read(READ_SCOPE, reader=agent)
@@ -268,12 +277,12 @@ class _Bench:
             args = {"to": self.lead, "type": "query", "content": "status?"}
             return lambda: caller("send_envelope", args)
         if tool == "read_inbox+ack":
-            def read_ack() -> float:
+            def read_ack() -> tuple[float, float]:
                 start = time.perf_counter()
                 (taken,) = caller("read_inbox", {"limit": 1})["envelopes"]
-                read = time.perf_counter() - start
+                read = time.perf_counter()
                 caller("ack", {"envelope_id": taken["envelope_id"]})
-                return read
+                return read - start, time.perf_counter() - read
             return read_ack
         if tool == "read_marks":
             return lambda: caller("read_marks", {"scope": READ_SCOPE})
@@ -298,10 +307,11 @@ class _Bench:
                 fn = (self._direct(tool) if path == "direct"
                       else self._through(self.callers[path], tool))
                 start = time.perf_counter()
-                read = fn()
+                parts = fn()
                 timings.add(tool, path, (time.perf_counter() - start) * 1000)
-                if tool == "read_inbox+ack":  # the read alone too, for the HTTP goal
-                    timings.add(READ_ALONE, path, read * 1000)
+                if tool == "read_inbox+ack":  # each call of the pair alone too
+                    timings.add(READ_ALONE, path, parts[0] * 1000)
+                    timings.add(ACK_ALONE, path, parts[1] * 1000)
 
     def measure(self, calls: int) -> Timings:
         paths = [*PATHS, *self.transports]
@@ -323,7 +333,9 @@ def _report(timings: Timings, calls: int, transports: list[str], verified: Any,
                     f"each made every way in a shuffled order; latency of one call, ms)")
     paths = [*PATHS, *transports]
     worst: dict[str, float] = {}
-    for tool in TOOLS:
+    rows = [t for tool in TOOLS
+            for t in ((tool, READ_ALONE, ACK_ALONE) if tool == "read_inbox+ack" else (tool,))]
+    for tool in rows:
         direct = timings.ms[(tool, "direct")]
         d50, d95 = percentile(direct, 0.50), percentile(direct, 0.95)
         for path in paths:
@@ -332,7 +344,8 @@ def _report(timings: Timings, calls: int, transports: list[str], verified: Any,
             line = f"p50 {p50:7.2f} ms  p95 {p95:7.2f} ms"
             if path != "direct":
                 over = p95 - d95
-                worst[path] = max(worst.get(path, over), over)
+                if tool in JUDGED:
+                    worst[path] = max(worst.get(path, over), over)
                 line += f"  over direct: p95 {over:+.2f} ms, p50 x{p50 / d50:.2f}"
             report.add(f"{tool:<15} {path}", line)
     report.add("read_marks reads", f"{READ_SCOPE}: {READ_MARKS} marks of another agent, "
@@ -342,7 +355,8 @@ def _report(timings: Timings, calls: int, transports: list[str], verified: Any,
     report.add("trail after the run", f"{verified.entries:,} entries, "
                                       f"{'verified' if verified.ok else 'FAILED'}")
     report.goal(f"toolset overhead under {TOOLSET_GOAL_MS:g} ms at p95 over the direct call, "
-                f"every tool (worst {worst['toolset']:+.2f} ms)",
+                f"every tool call (read_inbox and ack each alone; worst "
+                f"{worst['toolset']:+.2f} ms)",
                 worst["toolset"] < TOOLSET_GOAL_MS)
     http = next((t for t in transports if "http" in t.lower()), None)
     if http is None:

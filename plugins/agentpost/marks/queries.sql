@@ -14,6 +14,27 @@ SELECT n, id, created_at, named
   FROM agentpost.mark_write(%(space)s, %(now)s, %(rows)s::json, %(agent_ids)s::uuid[],
                             %(agent_names)s::text[])
 
+-- name: write_run
+-- `write` with the run that wrote marks n = run_n recorded beside them (sql/0079), in the
+-- same statement: the agent tools' one round trip (PostgresMarkSpace.recording_run).
+WITH w AS (SELECT n, id, created_at FROM agentpost.mark_write(%(space)s, %(now)s, %(rows)s::json)),
+     r AS (INSERT INTO agentpost.mark_runs (space, mark_id, workspace, tool, call_id, run)
+           SELECT %(space)s, w.id, %(workspace)s, %(tool)s, %(call_id)s, %(run)s::jsonb
+             FROM w WHERE w.n = ANY (%(run_n)s::bigint[])
+               ON CONFLICT (space, mark_id) DO NOTHING)
+SELECT n, id, created_at FROM w
+
+-- name: write_named_run
+-- `write_named` with the run recorded, as write_run.
+WITH w AS (SELECT n, id, created_at, named
+             FROM agentpost.mark_write(%(space)s, %(now)s, %(rows)s::json,
+                                       %(agent_ids)s::uuid[], %(agent_names)s::text[])),
+     r AS (INSERT INTO agentpost.mark_runs (space, mark_id, workspace, tool, call_id, run)
+           SELECT %(space)s, w.id, %(workspace)s, %(tool)s, %(call_id)s, %(run)s::jsonb
+             FROM w WHERE w.n = ANY (%(run_n)s::bigint[])
+               ON CONFLICT (space, mark_id) DO NOTHING)
+SELECT n, id, created_at, named FROM w
+
 -- name: name_agents
 -- A fleet apply's agents (it waits for a name another transaction is recording).
 SELECT recorded FROM agentpost.mark_name_agents(%(space)s, %(agent_ids)s::uuid[],
@@ -289,10 +310,3 @@ DELETE FROM agentpost.marks d
  USING doomed
  WHERE d.id = doomed.id
 RETURNING d.id
-
--- name: record_runs
--- The run that wrote these marks (sql/0079); a mark recorded already keeps its first run.
-INSERT INTO agentpost.mark_runs (space, mark_id, workspace, tool, call_id, run)
-SELECT %(space)s, m, %(workspace)s, %(tool)s, %(call_id)s, %(run)s::jsonb
-  FROM unnest(%(mark_ids)s::uuid[]) AS m
-    ON CONFLICT (space, mark_id) DO NOTHING

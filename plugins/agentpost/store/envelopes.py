@@ -232,6 +232,30 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
             return self._send_one(draft)
         return self._send([draft], "agent", None)[0]
 
+    def send_checked(self, sender: str, to: str, type: str, content: Any, *,
+                     format: str = "markdown", in_reply_to: str | None = None,
+                     priority: str = "normal",
+                     meta: Mapping[str, Any] | None = None) -> SendResult | None:
+        """Send only the common case, in one round trip: a well-formed draft on a live send
+        right that the matrix (or a delegation edge) allows, to a receiver that takes
+        envelopes, with no rules enabled. Anything else returns None having written nothing,
+        for a caller that must not send what would be rejected (a rejection is recorded):
+        it decides the rest with `send_options` and `send`. None is not a refusal."""
+        draft = self._draft({"from": sender, "to": to, "type": type, "content": content,
+                             "format": format, "in_reply_to": in_reply_to,
+                             "priority": priority, "meta": meta}, 0)
+        if draft.problem is not None:
+            return None
+        row = draft.row
+        res = self.db.scalar(QUERIES["send_checked"], {
+            "sender": row["sender"], "recipient": row["recipient"], "type": row["type"],
+            "format": row["format"], "content": row["content"],
+            "attachments": json.dumps(row["attachments"], ensure_ascii=False),
+            "in_reply_to": row["in_reply_to"], "priority": row["priority"],
+            "keys": row["keys"], "meta": json.dumps(row["meta"] or {}, ensure_ascii=False),
+            "timeout_ms": self._timeout_ms})
+        return None if res is None else self._result(draft, res)
+
     def _send_one(self, draft: DraftRow) -> SendResult:
         """The common case: one well-formed draft carrying no rights, with scalar
         parameters (the server takes its four-statement path when it can)."""

@@ -357,6 +357,11 @@ CALL agentpost.send_one(%(sender)s, %(recipient)s, %(type)s, %(format)s, %(conte
                         %(attachments)s, %(in_reply_to)s, %(priority)s, %(keys)s,
                         %(timeout_ms)s, NULL)
 
+-- name: send_checked
+CALL agentpost.send_checked(%(sender)s, %(recipient)s, %(type)s, %(format)s, %(content)s,
+                            %(attachments)s, %(in_reply_to)s, %(priority)s, %(keys)s,
+                            %(meta)s, %(timeout_ms)s, NULL)
+
 -- name: transition
 CALL agentpost.transition(%(ws)s, %(state)s, NULL)
 

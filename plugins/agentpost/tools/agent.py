@@ -47,6 +47,7 @@ from agentpost.protocol.errors import (
     LeaseLost,
     StoreError,
 )
+from agentpost.protocol.models import SendResult
 from agentpost.smcl import CommandLedger
 from agentpost.store import EnvelopeStore
 from agentpost.tools.models import (
@@ -321,7 +322,16 @@ class AgentTools:
     def _send(self, tool: str, to: str, type_: str, content: Any, *, in_reply_to: str | None,
               priority: str, call_id: str | None) -> EnvelopeSent:
         self._check_size(content)
-        # one round trip answers the common case: this type may go to this recipient
+        fmt = "markdown" if isinstance(content, str) else "json"
+        meta = self._meta(tool, call_id)
+        if self._seat_allows(to):
+            # one round trip sends the common case; anything else comes back unsent
+            result = self.store.send_checked(self.workspace_id, to, type_, content,
+                                             format=fmt, in_reply_to=in_reply_to,
+                                             priority=priority, meta=meta)
+            if result is not None:
+                return self._sent(result, to, type_)
+        # the long way: refused here with what is allowed instead, or sent by `send`
         options = self.store.send_options(self.workspace_id, to, type_)
         if type_ in options.types and self._seat_allows(to):
             self._required(type_, content, options.required_fields or ())
@@ -338,10 +348,12 @@ class AgentTools:
                 raise ToolRefused(f"permission denied: type {type_!r} may not be sent to "
                                   f"{to!r}; allowed types: {', '.join(routes[to])}")
             self._required(type_, content)
-        fmt = "markdown" if isinstance(content, str) else "json"
         result = self.store.send(self.workspace_id, to, type_, content, format=fmt,
-                                 in_reply_to=in_reply_to, priority=priority,
-                                 meta=self._meta(tool, call_id))
+                                 in_reply_to=in_reply_to, priority=priority, meta=meta)
+        return self._sent(result, to, type_)
+
+    @staticmethod
+    def _sent(result: SendResult, to: str, type_: str) -> EnvelopeSent:
         if not result.accepted:
             detail = f" ({result.detail})" if result.detail else ""
             raise ToolRefused(f"rejected: {result.reason}{detail}")
@@ -487,18 +499,20 @@ class AgentTools:
                 raise ToolRefused("a need needs a question")
             build = lambda: Need(scope=args.scope, question=args.question,  # noqa: E731
                                  blocking=args.blocking, priority=args.priority)
-        with refusals():
+        with refusals(), self._recording(agent, "write_mark", call_id):
             mark_id = guard.write_mark(agent, build())
-        self._record_run([mark_id], "write_mark", call_id)
         return MarkWritten(mark_id=str(mark_id), kind=args.kind, scope=args.scope)
 
-    def _record_run(self, mark_ids: list[Any], tool: str, call_id: str | None) -> None:
-        """Record the run with the marks this call wrote, where the space keeps runs (a
-        `PostgresMarkSpace`: agentpost.mark_runs): a mark has no field of its own for it."""
-        record = getattr(self.marks, "record_run", None)
-        if record is not None and mark_ids:
-            record(mark_ids, workspace=self.workspace_id, tool=tool, call_id=call_id,
-                   run=self.run.model_dump(mode="json"))
+    def _recording(self, agent: Agent, tool: str,
+                   call_id: str | None) -> contextlib.AbstractContextManager[Any]:
+        """Record the run with the marks this seat's agent writes in the block, where the
+        space keeps runs (a `PostgresMarkSpace`: agentpost.mark_runs, written by the
+        statement that writes the mark): a mark has no field of its own for it."""
+        recording = getattr(self.marks, "recording_run", None)
+        if recording is None:
+            return contextlib.nullcontext()
+        return recording(agent.id, workspace=self.workspace_id, tool=tool, call_id=call_id,
+                         run=self.run.model_dump(mode="json"))
 
     def claim(self, args: ClaimArgs, *, call_id: str | None = None) -> ClaimResult:
         space, agent, guard = self._space()
@@ -509,9 +523,9 @@ class AgentTools:
                 raise ToolRefused(f"scope {args.scope!r} allows the verbs "
                                   f"{', '.join(scope.allowed_intent_verbs)}, not "
                                   f"{args.action!r}")
-            decision = guard.pre_action(agent, args.scope, args.resource, args.action,
-                                        args.confidence)
-        self._record_run([decision.intent_id] if decision.intent_id else [], "claim", call_id)
+            with self._recording(agent, "claim", call_id):
+                decision = guard.pre_action(agent, args.scope, args.resource, args.action,
+                                            args.confidence)
         winner = decision.winning_intent or decision.winning_action
         return ClaimResult(
             verdict=decision.verdict.name, allowed=decision.verdict is GuardVerdict.ALLOW,

@@ -304,12 +304,19 @@ class PostgresMarkSpace(_Ledgers, SpaceBase):
         if not math.isfinite(now):
             raise InvalidArgument(f"the space's clock returned {now!r}")
         rows = [self._row(m, agent_id, decay, vis) for m, agent_id, decay, vis in items]
-        params = {"rows": json.dumps(rows), "now": now}
+        params: dict[str, Any] = {"rows": json.dumps(rows), "now": now}
+        suffix = ""
+        if self._tx.run is not None:
+            runner, columns = self._tx.run
+            run_n = [n for n, item in enumerate(items, start=1) if item[1] == runner]
+            if run_n:
+                params.update(columns, run_n=run_n)
+                suffix = "_run"
         key = (self.dsn, self.space, str(writer.id), writer.name) if writer else None
         if key is None or not key[3] or _Named.known(key):
-            result = self._rows("write", params)
+            result = self._rows("write" + suffix, params)
         else:
-            result = self._rows("write_named", {**params, **_names([writer])})
+            result = self._rows("write_named" + suffix, {**params, **_names([writer])})
             if all(row[3] for row in result):
                 self._remember(key)
         stamped = {int(row[0]): (UUID(str(row[1])), row[2]) for row in result}

@@ -173,15 +173,21 @@ class _Ledgers:
             raise InvalidArgument("record_names takes Agents")
         return int(self._rows("name_agents", _names(agents))[0][0]) if agents else 0
 
-    def record_run(self, mark_ids: Iterable[UUID | str], *, workspace: str, tool: str,
-                   call_id: str | None, run: Mapping[str, Any]) -> None:
-        """Record which seat (`workspace`), tool call and run wrote these marks
-        (`agentpost.mark_runs`, sql/0079): the agent tools' record of a mark, which has no
-        field for it. A mark recorded already keeps its first run."""
-        ids = [str(UUID(str(m))) for m in mark_ids]
-        if ids:
-            self._rows("record_runs", {"mark_ids": ids, "workspace": workspace, "tool": tool,
-                                       "call_id": call_id, "run": json.dumps(dict(run))})
+    @contextmanager
+    def recording_run(self, agent_id: UUID, *, workspace: str, tool: str,
+                      call_id: str | None, run: Mapping[str, Any]) -> Iterator[None]:
+        """Within the block, each mark `agent_id` writes in this thread has the run that
+        wrote it (the agent tools' seat, tool call and run) recorded beside it in
+        agentpost.mark_runs (sql/0079: a mark has no field for it), by the statement that
+        writes the mark: no extra round trip, and no mark without its run."""
+        previous = self._tx.run
+        self._tx.run = (UUID(str(agent_id)), {"workspace": workspace, "tool": tool,
+                                              "call_id": call_id,
+                                              "run": json.dumps(dict(run))})
+        try:
+            yield
+        finally:
+            self._tx.run = previous
 
     def agent_names(self, ids: Iterable[UUID] | None = None) -> dict[UUID, str]:
         """The names recorded in this space (the newest per agent): of `ids`, or all."""

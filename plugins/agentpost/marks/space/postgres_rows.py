@@ -183,6 +183,9 @@ class _Transaction(threading.local):
     failed: bool = False
     pending: list[tuple[list[WriteHook], list[tuple[UUID, Mark]]]] | None = None
     named: list[NameKey] | None = None  # names recorded in it, known once it commits
+    #: the run recorded with this thread's marks (recording_run): the writing agent's id
+    #: and the mark_runs columns
+    run: tuple[UUID, dict[str, Any]] | None = None
 
 
 
