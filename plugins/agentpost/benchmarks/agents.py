@@ -5,8 +5,8 @@ measures, on one database, the latency of one call made four ways in process and
 MCP (below), interleaved call by call (each call is made every way in turn, in a shuffled
 order) so that machine noise hits every path alike:
 
-- direct: the store or mark-space call the tool makes (`EnvelopeStore.send` with the same
-  `meta`, `lease` + `ack`, `space.read`, `Guard.write_mark`, `Guard.pre_action`);
+- direct: the store or mark-space call the tool makes (`EnvelopeStore.send_checked` with
+  the same `meta`, `lease` + `ack`, `space.read`, `Guard.write_mark`, `Guard.pre_action`);
 - tools: `AgentTools.call(name, raw_args)` (argument models, the seat's checks, the call);
 - toolset: `AgentpostToolset.execute_tool` awaited in an event loop: the worker-thread hop
   (`run_blocking`) the toolset adds around `AgentTools.call` (no model, no agent loop);
@@ -254,8 +254,8 @@ class _Bench:
     def _direct(self, tool: str) -> Callable[[], Any]:
         store, me, lead, agent = self.store, self.me, self.lead, self.agent
         if tool == "send_envelope":
-            return lambda: store.send(me, lead, "query", "status?",
-                                      meta=self._meta("send_envelope"))
+            return lambda: store.send_checked(me, lead, "query", "status?",
+                                              meta=self._meta("send_envelope"))
         if tool == "read_inbox+ack":
             def lease_ack() -> tuple[float, float]:
                 start = time.perf_counter()
