@@ -29,6 +29,7 @@ import multiprocessing
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import ExitStack
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from agentpost.factories.maintenance import checkpoints, maintenance_dag
 from agentpost.fleet import FleetError, apply, fleet_from_dict, load_fleet
 from agentpost.store import EnvelopeStore
 from dbtools import connect, rows
+from statsd_support import StatsdReceiver
 from test_airflow_inbox import CONN_VAR, airflow_env
 from test_fleet import EXAMPLE, _notifications, example
 
@@ -79,6 +81,13 @@ if not (home / "initialized").exists():
 
 from airflow.models.xcom import XComModel
 from airflow.utils.session import create_session
+
+# what a task process does at start (task_runner.main) and dag.test() skips: Airflow's metrics
+# as [metrics] configures them (here StatsD to the test's receiver)
+from airflow.sdk._shared.observability.metrics import stats
+from airflow.sdk.observability.metrics.stats_utils import get_stats_factory
+
+stats.initialize(factory=get_stats_factory(), export_legacy_names=False)
 
 for step in json.loads(os.environ["AGENTPOST_TEST_STEPS"]):
     run = dags[step["dag"]].test(run_conf=step.get("conf"))
@@ -279,6 +288,12 @@ def drivers() -> list[dict[str, str]]:
 
 @pytest.mark.slow
 def test_fleet_dags_under_dag_test(city: EnvelopeStore, dsn: str, tmp_path: Path) -> None:
+    with ExitStack() as stack:
+        _fleet_dags_under_dag_test(city, dsn, tmp_path, stack)
+
+
+def _fleet_dags_under_dag_test(city: EnvelopeStore, dsn: str, tmp_path: Path,
+                               stack: ExitStack) -> None:
     """Markspace §6.2.1 across processes, then the examples end to end.
 
     1. Two agents' pre_action in two other processes: BLOCKED, pending (phase 1).
@@ -294,8 +309,10 @@ def test_fleet_dags_under_dag_test(city: EnvelopeStore, dsn: str, tmp_path: Path
        verifying against the first's checkpoint; an agent of a fleet that was never applied
        fails with the store's reason, not a SQL traceback.
     """
+    statsd = stack.enter_context(StatsdReceiver())
     environment = private_airflow(tmp_path, dsn,
-                                  AGENTPOST_CHECKPOINT_DIR=str(tmp_path / "checkpoints"))
+                                  AGENTPOST_CHECKPOINT_DIR=str(tmp_path / "checkpoints"),
+                                  **statsd.airflow_env())
     ghost = tmp_path / "dags" / "ghost.yaml"
     ghost.write_text(yaml.safe_dump({
         "name": "ghosts", "workspaces": [{"id": "ghost", "role": "worker"}],
@@ -357,6 +374,16 @@ def test_fleet_dags_under_dag_test(city: EnvelopeStore, dsn: str, tmp_path: Path
     kept = checkpoints(tmp_path / "checkpoints")
     assert len(kept) == 2 and second_maintenance["xcom"]["verify"]["anchor"] == kept[0].name
     assert second_maintenance["xcom"]["checkpoint"] == json.loads(kept[1].read_text())
+
+    # Airflow's metrics (StatsD here): the guard's verdicts, the boundaries' durations, and
+    # the store's numbers the maintenance runs sent, as the store has them now
+    sent = statsd.metrics()
+    assert sent.get("airflow.agentpost.guard.verdict.allow", 0) >= 3, sorted(sent)
+    assert sent.get("airflow.agentpost.guard.verdict.blocked", 0) >= 1, sorted(sent)
+    assert "airflow.agentpost.guard.boundary" in sent
+    assert sent["airflow.agentpost.inbox.dispatch.depth"] == len(city.inbox("dispatch")) == 4
+    assert sent["airflow.agentpost.depth"] == city.metrics().total.depth
+    assert 0 <= sent["airflow.agentpost.trail.verified_age_seconds"] < 600
 
     ghost_run = results[-1]
     assert (ghost_run["run"], ghost_run["tasks"]) == ("failed", {"activate": "failed"})

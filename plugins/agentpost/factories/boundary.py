@@ -74,6 +74,7 @@ def run_boundary(dsn: str, fleet: Fleet, scopes: Iterable[str] | None = None,
     """One boundary over `fleet`'s deferred `scopes` (default: all) in its mark space, for
     every resource with pending intents or for `resource` only. Returns per (scope,
     resource) the winner's name (None: nobody won) and every agent's verdict."""
+    from agentpost.factories.metrics import AirflowStatsSink, boundary_timer
     from agentpost.marks.guard import Guard
     from agentpost.marks.postgres import PostgresMarkSpace
 
@@ -81,13 +82,15 @@ def run_boundary(dsn: str, fleet: Fleet, scopes: Iterable[str] | None = None,
     # Only the chosen scopes are registered: resolve_all_deferred skips the others.
     space = PostgresMarkSpace(dsn=dsn, scopes=chosen, space=fleet.space, pool_size=1)
     try:
-        guard = Guard(space)
-        if resource is None:
-            outcome = guard.resolve_all_deferred()
-        else:
-            outcome = {(s.name, resource): {agent_id: decision.verdict for agent_id, decision
-                                            in guard.resolve_deferred(s.name, resource).items()}
-                       for s in chosen}
+        guard = Guard(space, telemetry=AirflowStatsSink())
+        with boundary_timer(len(chosen)):
+            if resource is None:
+                outcome = guard.resolve_all_deferred()
+            else:
+                outcome = {(s.name, resource): {
+                    agent_id: decision.verdict
+                    for agent_id, decision in guard.resolve_deferred(s.name, resource).items()}
+                    for s in chosen}
     finally:
         space.close()
     names = {fleet.agent(a.name).id: a.name for a in fleet.agents}

@@ -267,6 +267,7 @@ def run_agent(fleet: Fleet, name: str, code: AgentCallable,
               conn_id: str = DEFAULT_CONN_ID, **extra: Any) -> Any:
     """Open the store through the hook, check the agent's workspace exists there (else
     NotFound, with a hint), and run `code` with the agent's context."""
+    from agentpost.factories.metrics import AirflowStatsSink
     from agentpost.hooks import AgentpostHook
     from agentpost.marks.guard import Guard
     from agentpost.marks.postgres import PostgresMarkSpace
@@ -284,7 +285,8 @@ def run_agent(fleet: Fleet, name: str, code: AgentCallable,
         space = PostgresMarkSpace(dsn=store.dsn, scopes=fleet.scopes, space=fleet.space,
                                   pool_size=1)
         try:
-            ctx = AgentContext(store=store, space=space, guard=Guard(space),
+            guard = Guard(space, telemetry=AirflowStatsSink())  # verdicts in Airflow's metrics
+            ctx = AgentContext(store=store, space=space, guard=guard,
                                workspace_id=spec.workspace, manifest=agent.manifest,
                                agent=agent, spec=spec, fleet=fleet, **extra)
             return code(ctx)

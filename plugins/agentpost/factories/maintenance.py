@@ -73,10 +73,15 @@ def maintenance_dag(*, checkpoint_dir: str | Path | None = None, keep: int = 10,
 
         @task(task_id="maintain")
         def maintain() -> dict[str, Any]:
+            from agentpost.factories.metrics import emit_store_metrics
             from agentpost.store.maintenance import maintain as sweep
 
             with store_errors("maintenance"), store() as opened:
-                return sweep(opened, vacuum=vacuum)
+                swept = sweep(opened, vacuum=vacuum)
+                # Airflow's metrics ([metrics]: StatsD or OpenTelemetry) get the store's
+                # numbers each run
+                swept["metrics_sent"] = emit_store_metrics(opened.metrics())
+                return swept
 
         @task(task_id="verify")
         def verify() -> dict[str, Any]:
@@ -131,6 +136,8 @@ def verify_against_latest(store: Any, directory: Path) -> dict[str, Any]:
     Raises TrailCheckFailed (one line) when the trail does not verify."""
     kept = checkpoints(directory)
     result = store.verify_trail(since=kept[-1] if kept else None)
+    # kept for the metric of the trail's last verification (agentpost_trail_verified_age_seconds)
+    store.record_verification(result, anchor=kept[-1].name if kept else None, by="maintenance")
     summary = {"ok": result.ok, "entries": result.entries, "chains": result.chains,
                "anchor": kept[-1].name if kept else None, "checkpoint": result.checkpoint}
     if not result.ok:

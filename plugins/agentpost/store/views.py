@@ -14,6 +14,7 @@ from agentpost.pg.db import Database
 from agentpost.protocol.leases import InboxStats, stream_of
 from agentpost.protocol.models import Envelope
 from agentpost.store.checks import ref as _ref
+from agentpost.store.metrics import DEFAULT_TOP, StoreMetrics, read_metrics, record_verification
 from agentpost.store.queries import QUERIES
 
 #: rates and latencies look at most this many of an inbox's most recent envelopes ...
@@ -38,6 +39,17 @@ class ViewOps:
             "ws": ws, "sample": STATS_SAMPLE, "window_s": STATS_WINDOW_S})
         return InboxStats(workspace_id=ws, stream=stream_of(ws), window_s=STATS_WINDOW_S,
                           **body)
+
+    def metrics(self, *, top: int | None = DEFAULT_TOP) -> StoreMetrics:
+        """What operators watch, in one snapshot (agentpost.store.metrics): the `top`
+        deepest inboxes named, the rest summed (None: every inbox named)."""
+        return read_metrics(self.db, top=top)
+
+    def record_verification(self, result: Any, *, anchor: str | None, by: str) -> None:
+        """Keep that the trail was verified (a `TrailVerification`) against `anchor` (a
+        checkpoint's name, None: the whole trail), for the metric of its age."""
+        record_verification(self.db, ok=result.ok, entries=result.entries, anchor=anchor,
+                            by=by)
 
     def stats_all(self) -> list[InboxStats]:
         """Stats of every workspace's inbox."""

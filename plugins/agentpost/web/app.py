@@ -7,6 +7,7 @@
     /routes[/{id}]          actor routes              pages/routes.py
     /agents[/{ws}]          agents' tool calls        pages/agents.py
     /analytics              the Spark jobs' results   pages/analytics.py
+    /metrics                Prometheus text           metrics.py (a scrape token or a user)
     /static/...             CSS, JS, the chart library (served from the package)
     /v1/...                 the Courier gateway, with its own capability tokens
     /mcp                    the agent tools over MCP (streamable HTTP), a gateway token
@@ -37,7 +38,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse
 
-from agentpost.web import errors
+from agentpost.web import errors, metrics
 from agentpost.web.auth import Viewer
 from agentpost.web.context import WebContext
 from agentpost.web.pages import PAGE_ROUTERS
@@ -204,6 +205,9 @@ def create_app(dsn: str | None = None, *, mcp_space: str | None = None,
     for router in PAGE_ROUTERS:
         app.include_router(router, dependencies=[Depends(plain_parameters)])
     app.include_router(_static_router())
+    app.include_router(metrics.router)
+    app.state.agentpost_requests = counts = metrics.RequestCounts()
+    app.add_middleware(metrics.CountResponses, counts=counts)
     app.mount("/v1", gateway, name="gateway")
     # a Route, not a Mount: /agentpost/mcp itself is the endpoint (no redirect to /mcp/)
     app.add_route("/mcp", mcp, methods=["GET", "POST", "DELETE"], name="mcp")
