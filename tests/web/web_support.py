@@ -97,7 +97,7 @@ def _airflow_app() -> Any:
 
 
 @contextmanager
-def airflow_web(dsn: str) -> Iterator[Web]:
+def airflow_web(dsn: str, *, read_dsn: str | None = None) -> Iterator[Web]:
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 
@@ -106,7 +106,7 @@ def airflow_web(dsn: str) -> Iterator[Web]:
     app = _airflow_app()
     sub = plugin_app()
     previous = sub.state.agentpost
-    sub.state.agentpost = WebContext(dsn)
+    sub.state.agentpost = WebContext(dsn, read_dsn=read_dsn)
     manager = get_auth_manager()
     tokens = {r: manager.generate_jwt(SimpleAuthManagerUser(username=r, role=r.upper()))
               for r in ROLES}

@@ -170,11 +170,14 @@ def _static_router() -> APIRouter:
     return router
 
 
-def create_app(dsn: str | None = None, *, mcp_space: str | None = None,
+def create_app(dsn: str | None = None, *, read_dsn: str | None = None,
+               mcp_space: str | None = None,
                mcp_scopes: Sequence[Any] = (), mcp_options: MCPOptions | None = None
                ) -> FastAPI:
     """The agentpost page. `dsn`: the store; by default the Airflow connection
-    ``agentpost_default``, else AGENTPOST_DSN, looked up on the first request.
+    ``agentpost_default``, else AGENTPOST_DSN, looked up on the first request. `read_dsn`: a
+    streaming standby the pages read from (default: the connection ``agentpost_read``, else
+    AGENTPOST_READ_DSN, else none: the primary).
     `mcp_space`, `mcp_scopes`: the mark space (and its scopes) whose tools the MCP endpoint
     offers; none by default. `mcp_options`: the endpoint's keyword arguments
     (`MCPEndpoint`: ``space``, ``scopes``, ``token_rate``, ``token_burst``, ``lease_ttl``),
@@ -184,7 +187,7 @@ def create_app(dsn: str | None = None, *, mcp_space: str | None = None,
     if mcp_options is not None and (mcp_space is not None or mcp_scopes):
         raise TypeError("give the MCP endpoint's mark space in mcp_options or as mcp_space "
                         "and mcp_scopes, not both")
-    context = WebContext(dsn)
+    context = WebContext(dsn, read_dsn=read_dsn)
     gateway = LazyGateway()
     mcp = LazyMCP(mcp_options if mcp_options is not None else
                   {"space": mcp_space, "scopes": mcp_scopes})

@@ -39,11 +39,13 @@ def root(request: Request) -> str:
 def page(request: Request, template: str, status_code: int = 200,
          **context: Any) -> HTMLResponse:
     """A page of the agentpost UI. Templates extend ``base.html`` and get `root`, `user`,
-    `can_act`, `csrf_field` and `csrf_token` besides `context`."""
+    `can_act`, `csrf_field`, `csrf_token` and `read_lag` (seconds behind the primary when
+    the page was read from a standby, else None) besides `context`."""
     user = getattr(request.state, "agentpost_user", None)
     acting = user is not None and can_act(user)
     return templates.TemplateResponse(request, template, {
         "root": root(request), "user": None if user is None else user_name(user),
         "can_act": acting, "csrf_field": CSRF_FIELD,
-        "csrf_token": csrf_token(user) if acting else "", **context},
+        "csrf_token": csrf_token(user) if acting else "",
+        "read_lag": getattr(request.state, "agentpost_read_lag", None), **context},
         status_code=status_code)
