@@ -346,8 +346,13 @@ MODES = {"both": (DAG_ID, RESUMED_DAG_ID), "triggerer": (DAG_ID,),
 
 
 def soak(runs: int, concurrency: int, settle: float | None, admin_dsn: str,
-         keep: Path | None = None, events: int = 0, mode: str = "both") -> dict[str, Any]:
-    """Run the soak; the result as a dict (see `main`)."""
+         keep: Path | None = None, events: int = 0, mode: str = "both",
+         triggerers: int = 1, kill: bool = False) -> dict[str, Any]:
+    """Run the soak; the result as a dict (see `main`). `triggerers=2` runs a second
+    ``airflow triggerer`` beside standalone's (agentpost.benchmarks.airflow_triggerers) and
+    first holds sensors deferred over both; `kill` kills the second with SIGKILL while it
+    holds some."""
+    from agentpost.benchmarks import airflow_triggerers as two
     from agentpost.store import EnvelopeStore
 
     home = Path(tempfile.mkdtemp(prefix="agentpost-soak-"))
@@ -366,11 +371,16 @@ def soak(runs: int, concurrency: int, settle: float | None, admin_dsn: str,
             if events:
                 (dags / "agentpost_soak_events.py").write_text(EVENTS_DAG_FILE)
             port = free_port()
-            standalone = Standalone(airflow_env(home / "home", dags, dsn, port),
-                                    home / "standalone.log", port)
+            env = airflow_env(home / "home", dags, dsn, port)
+            if triggerers == 2:
+                env = two.triggerer_env(env)
+            standalone = Standalone(env, home / "standalone.log", port)
+            extra = two.ExtraTriggerer(env, home / "triggerer.log")
+            spread = two.Spread(dsn)
             (home / "home").mkdir()
             tally = Tally()
             began = time.monotonic()
+            held = None
             try:
                 standalone.start()
                 password = standalone.password()
@@ -380,6 +390,15 @@ def soak(runs: int, concurrency: int, settle: float | None, admin_dsn: str,
                 api.wait_for_dag(RESUMED_DAG_ID)
                 if events:
                     api.wait_for_dag(EVENTS_DAG_ID)
+                if triggerers == 2:
+                    extra.start()
+                    two.wait_for(lambda: len(two.alive_triggerers(dsn)) == 2,
+                                 "the second triggerer's heartbeat",
+                                 alive=standalone.check_alive)
+                    spread.start()
+                    if kill:
+                        held = two.held_across_a_kill(api, dsn, extra, spread, DAG_ID,
+                                                      TASK_ID, standalone.check_alive)
                 with ThreadPoolExecutor(concurrency) as pool:
                     dag_ids = MODES[mode]
                     for f in [pool.submit(one_run, api, dsn, tally,
@@ -388,6 +407,8 @@ def soak(runs: int, concurrency: int, settle: float | None, admin_dsn: str,
                         f.result()
                 events_result = event_driven(api, dsn, events) if events else None
             finally:
+                spread.stop()
+                extra.stop()
                 standalone.stop()
                 log = standalone.log.read_text(errors="replace")
                 if keep is not None:
@@ -401,7 +422,13 @@ def soak(runs: int, concurrency: int, settle: float | None, admin_dsn: str,
                     "concurrency": concurrency,
                     "median_run_s": round(seconds[len(seconds) // 2], 2),
                     "wall_s": round(time.monotonic() - began, 1),
-                    "port_left_open": port_open(port), "event_driven": events_result}
+                    "port_left_open": port_open(port), "event_driven": events_result,
+                    "triggerers": None if triggerers == 1 else {
+                        "count": triggerers, "held_across_kill": held,
+                        "spread": len(spread.seen),
+                        "triggers_by_triggerer": sorted(len(t) for t in spread.seen.values()),
+                        "extra_left_running": extra.proc is not None
+                        and extra.proc.poll() is None}}
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
@@ -419,11 +446,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=sorted(MODES), default="both",
                         help="sensors ending from the triggerer, resumed on a worker, or "
                              "alternating (default)")
+    parser.add_argument("--triggerers", type=int, choices=(1, 2), default=1,
+                        help="2: a second airflow triggerer beside standalone's")
+    parser.add_argument("--kill", action="store_true",
+                        help="with --triggerers 2: SIGKILL the second while it holds sensors")
     parser.add_argument("--keep-log", type=Path, default=None,
                         help="copy standalone's log here")
     args = parser.parse_args(argv)
     result = soak(args.runs, args.concurrency, args.settle, args.admin_dsn, args.keep_log,
-                  args.events, args.mode)
+                  args.events, args.mode, args.triggerers, args.kill)
     print(json.dumps(result), flush=True)
     events = result["event_driven"]
     ok = result["failed"] == 0 and result["state_mismatches"] == 0 and (
