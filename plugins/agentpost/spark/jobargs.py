@@ -11,6 +11,9 @@ from agentpost.spark.settings import SparkSettings
 
 def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dsn", help="the store's DSN (default: AGENTPOST_DSN)")
+    parser.add_argument("--read-dsn", help="a streaming standby of the store to read from; "
+                                           "reports and results are still written to --dsn "
+                                           "(default: AGENTPOST_READ_DSN, else --dsn)")
     parser.add_argument("--master", help="Spark master when run in-process (default local[*]; "
                                          "under spark-submit the submission's)")
     parser.add_argument("--jdbc-jar", help="the PostgreSQL JDBC driver jar (default: "
@@ -37,7 +40,7 @@ def timestamp(text: str) -> datetime:
 
 
 def settings_from(args: argparse.Namespace) -> SparkSettings:
-    return SparkSettings.from_env(dsn=args.dsn, jdbc_jar=args.jdbc_jar,
+    return SparkSettings.from_env(dsn=args.dsn, read_dsn=args.read_dsn, jdbc_jar=args.jdbc_jar,
                                   partitions=args.partitions, archive=args.archive)
 
 

@@ -16,7 +16,7 @@ import os
 from urllib.parse import quote
 
 from psycopg2.extensions import parse_dsn
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentpost.config import DEVELOPMENT_TRAIL_KEY
 from agentpost.pg.server import libpq_dsn
@@ -26,6 +26,7 @@ DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
 
 _ENV = {
     "dsn": "AGENTPOST_DSN",
+    "read_dsn": "AGENTPOST_READ_DSN",
     "trail_key": "AGENTPOST_TRAIL_KEY",
     "jdbc_jar": "AGENTPOST_JDBC_JAR",
     "partitions": "AGENTPOST_SPARK_PARTITIONS",
@@ -58,6 +59,9 @@ class SparkSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     dsn: str
+    #: a streaming standby the job reads from (its snapshot and every JDBC partition);
+    #: what it writes (the audit's report, the analytics' tables) goes to `dsn`
+    read_dsn: str | None = None
     trail_key: str = DEVELOPMENT_TRAIL_KEY
     jdbc_jar: str = DEFAULT_JDBC_JAR
     partitions: int = Field(default=0, ge=0, le=10_000)
@@ -77,6 +81,12 @@ class SparkSettings(BaseModel):
         except ValueError as exc:
             raise ConfigurationError(f"bad Spark job configuration: {exc}") from None
 
+    @model_validator(mode="after")
+    def _readable(self) -> SparkSettings:
+        if self.read_dsn is not None:
+            self.jdbc(read=True)  # a standby's DSN must be one JDBC can use, as the store's
+        return self
+
     @property
     def key(self) -> bytes:
         return self.trail_key.encode("utf-8")
@@ -85,10 +95,16 @@ class SparkSettings(BaseModel):
     def libpq(self) -> str:
         return libpq_dsn(self.dsn)
 
-    def jdbc(self) -> JdbcTarget:
-        """The JDBC URL and credentials of `dsn` (a URL or key=value DSN)."""
+    @property
+    def read_libpq(self) -> str:
+        """Where the job reads: the standby when one is given, else the store."""
+        return libpq_dsn(self.read_dsn or self.dsn)
+
+    def jdbc(self, *, read: bool = False) -> JdbcTarget:
+        """The JDBC URL and credentials of `dsn` (a URL or key=value DSN), or of where the
+        job reads (`read`: `read_dsn` when given)."""
         try:
-            params = parse_dsn(self.libpq)
+            params = parse_dsn(self.read_libpq if read else self.libpq)
         except Exception as exc:  # psycopg2 raises ProgrammingError on a malformed DSN
             raise ConfigurationError(f"the store DSN is not a valid Postgres DSN: {exc}") from None
         host = params.get("host") or "localhost"

@@ -2,7 +2,10 @@
 
 The driver opens a REPEATABLE READ transaction and exports its snapshot; every JDBC partition
 imports it (`sessionInitStatement`), so a job sees the trail and the rows beside it as of one
-moment, however many partitions and executors read them, and while agents go on writing. Large
+moment, however many partitions and executors read them, and while agents go on writing.
+With `read_dsn` (AGENTPOST_READ_DSN, ``--read-dsn``) all of it happens on a streaming standby:
+Postgres 15 exports and imports snapshots on a hot standby as on a primary (checked by
+tests/spark/test_spark_standby.py), so the cut is as consistent there. Large
 reads are split by id range into partitions that Spark reads in parallel (never one
 single-partition read of a big table). Entries already exported to Parquet (`archive`) are
 read from there, and only the live tail from Postgres.
@@ -46,7 +49,7 @@ class Snapshot:
 
     def __enter__(self) -> Snapshot:
         try:
-            self._conn = psycopg2.connect(self.settings.libpq,
+            self._conn = psycopg2.connect(self.settings.read_libpq,
                                           application_name="agentpost-spark")
             self._conn.autocommit = True
             with self._conn.cursor() as cur:
@@ -85,7 +88,7 @@ class Snapshot:
         `partition_column` (a whole number column) into id-range partitions when given, its
         bounds found in the snapshot unless `bounds` (lowest, highest) says."""
         reader = (self.spark.read.format("jdbc")
-                  .options(**self.settings.jdbc().options())
+                  .options(**self.settings.jdbc(read=True).options())
                   .option("dbtable", f"({sql}) AS agentpost_source")
                   .option("fetchsize", str(self.settings.fetch_size))
                   .option("sessionInitStatement",
