@@ -203,6 +203,31 @@ SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))
 SELECT agentpost.mark_record_boundary(%(space)s, %(scope)s, %(resource)s, %(now)s,
                                       %(rows)s::json)
 
+-- name: lock_many
+-- lock() of several keys at once (resolve_deferred_many), in hash order (sql/0081).
+SELECT agentpost.mark_lock_keys(%(keys)s::text[])
+
+-- name: read_many_with_claims
+-- read_with_claims of several resources of one scope in one round trip: each resource's
+-- read_exact rows (claim = false), then its claims (claim = true); rows carry their resource.
+SELECT r.*, false AS claim
+  FROM unnest(%(resources)s::text[]) AS k(resource)
+ CROSS JOIN LATERAL agentpost.mark_read_at(%(space)s, %(scope)s, false, k.resource, NULL, NULL,
+                                           %(min_strength)s, %(now)s, %(prune)s) r
+UNION ALL
+SELECT c.id, c.mark_type, c.agent_id, c.scope, c.created_at, c.initial_strength, c.supersedes,
+       c.resource, c.action, c.topic, c.confidence, c.source, c.invalidates, c.severity,
+       c.priority, c.blocking, c.resolved_by, c.failed, c.body,
+       NULL::float8, true
+  FROM unnest(%(resources)s::text[]) AS k(resource)
+ CROSS JOIN LATERAL agentpost.mark_claims(%(space)s, %(scope)s, k.resource) c
+
+-- name: record_boundaries
+-- record_boundary for several resources of one scope, in order (sql/0081); no rows when a
+-- verdict names no intent of its agent on its resource (then nothing changed).
+SELECT resource, boundary
+  FROM agentpost.mark_record_boundaries(%(space)s, %(scope)s, %(now)s, %(rows)s::json)
+
 -- name: deferred_verdict
 -- The agent's verdict at the latest boundary on (scope, resource), while its intent lives.
 SELECT scope, resource, agent_id, intent_id, allowed, winner_id, boundary, decided_at,

@@ -354,6 +354,16 @@ def _latest(marks: list[Any]) -> Any:
     return max(marks, key=_write_order) if marks else None
 
 
+def _board_of(scope: str, read: Iterable[Mark], claims: Iterable[Action]) -> _Board:
+    """The guard's view of one resource from `read_with_claims`: the active intents of
+    exactly `scope`, in write order, and the actions holding it. Actions come from the
+    claims, not the read: a warning lowers an action's strength (§9.5) but the action still
+    happened, and P39 makes any action a claim."""
+    marks = sorted((m for m in read if m.scope == scope), key=_write_order)
+    return _Board(intents=tuple(m for m in marks if isinstance(m, Intent)),
+                  actions=tuple(claims))
+
+
 def _agents_in_order(intents: list[Intent]) -> list[UUID]:
     seen: dict[UUID, None] = {}
     for intent in intents:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from uuid import UUID, uuid4
 
 from agentpost.config import mark_content_limit
@@ -251,6 +251,47 @@ class SpaceBase(ABC):
     def gc(self, grace_period: float = 0.0) -> int:
         """Delete the marks that can never be read again, `grace_period` seconds after
         they got there; returns how many. Frees quota. See `gc_rule`."""
+
+    # ----------------------------------------------------------------- many boundaries at once
+
+    @abstractmethod
+    def lock(self, scope: str, resource: str) -> AbstractContextManager[None]:
+        """Serialize guard decisions on one (scope, resource) (each backend's lock)."""
+
+    @contextmanager
+    def lock_many(self, scope: str, resources: Iterable[str]) -> Iterator[None]:
+        """`lock` of every resource of `scope` for the block, taken in one order (sorted),
+        so two callers sharing keys never wait for each other in a cycle: what a boundary
+        over many resources holds while it reads and records them (one statement on
+        Postgres)."""
+        keys = sorted(set(resources))
+        if not all(isinstance(r, str) for r in keys):
+            raise InvalidArgument("lock_many() takes a scope and resources, all strings")
+        with ExitStack() as stack:
+            for resource in keys:
+                stack.enter_context(self.lock(scope, resource))
+            yield
+
+    def read_many_with_claims(
+        self, scope: str, resources: Iterable[str], min_strength: float = DEFAULT_MIN_STRENGTH
+    ) -> dict[str, tuple[list[Mark], list[Action]]]:
+        """`read_with_claims` of each resource (one round trip on Postgres), by resource."""
+        return {r: self.read_with_claims(scope, r, min_strength)
+                for r in dict.fromkeys(resources)}
+
+    def record_verdicts_many(
+        self, scope: str, verdicts: Mapping[str, Sequence[DeferredVerdict]]
+    ) -> dict[str, int]:
+        """`record_verdicts` of several resources of `scope`, in the mapping's order (each
+        its own boundary, numbered in that order), all or nothing: resource -> boundary."""
+        checked = {r: self._check_verdicts(scope, r, v) for r, v in verdicts.items()}
+        return self._record_boundaries(scope, checked)
+
+    @abstractmethod
+    def _record_boundaries(
+        self, scope: str, verdicts: Mapping[str, list[DeferredVerdict]]
+    ) -> dict[str, int]:
+        """Store checked verdicts of several resources, all or nothing (each backend)."""
 
     # ----------------------------------------------------------------- deferred verdicts
 

@@ -8,7 +8,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 from uuid import UUID
 
@@ -117,6 +117,13 @@ class MarkSpaceProtocol(Protocol):
         self, scope: str, resource: str, agent_id: UUID
     ) -> DeferredVerdict | None: ...
     def consume_grant(self, scope: str, resource: str, agent_id: UUID, action_id: UUID) -> bool: ...
+    def lock_many(self, scope: str, resources: Iterable[str]): ...  # a context manager
+    def read_many_with_claims(
+        self, scope: str, resources: Iterable[str], min_strength: float = DEFAULT_MIN_STRENGTH
+    ) -> dict[str, tuple[list[Mark], list[Action]]]: ...
+    def record_verdicts_many(
+        self, scope: str, verdicts: Mapping[str, Sequence[DeferredVerdict]]
+    ) -> dict[str, int]: ...
     def active_marks(
         self, scope: str | None = None, mark_type: MarkType | None = None
     ) -> list[Mark]: ...
