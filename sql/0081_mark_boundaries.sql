@@ -92,3 +92,41 @@ LANGUAGE sql AS $$
                p_space, p_scope, p_now,
                json_build_array(json_build_object('resource', p_resource, 'verdicts', p_rows))) b
 $$;
+
+-- mark_write_read: `Guard.pre_action`'s intent and its second look at the resource (§9.2
+-- step 4) in one round trip: mark_write (with the writer's name when p_agent_ids is given,
+-- as the five-argument mark_write records it), then what read_with_claims returns for
+-- (p_scope, p_resource), the new marks included (each statement of a plpgsql function sees
+-- the ones before it). Every row carries the write's result as JSON, [[n, id, created_at,
+-- named], ...]; a last row has no mark (claim NULL), so the result is there when the
+-- resource holds nothing.
+CREATE FUNCTION agentpost.mark_write_read(p_space text, p_now float8, p_rows json,
+                                          p_agent_ids uuid[], p_agent_names text[],
+                                          p_scope text, p_resource text, p_min float8,
+                                          p_prune float8)
+RETURNS TABLE (wrote json, claim boolean, mark agentpost.mark_read_row)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_wrote json;
+BEGIN
+    IF p_agent_ids IS NULL THEN
+        SELECT json_agg(json_build_array(w.n, w.id, w.created_at, true) ORDER BY w.n)
+          INTO v_wrote FROM agentpost.mark_write(p_space, p_now, p_rows) w;
+    ELSE
+        SELECT json_agg(json_build_array(w.n, w.id, w.created_at, w.named) ORDER BY w.n)
+          INTO v_wrote
+          FROM agentpost.mark_write(p_space, p_now, p_rows, p_agent_ids, p_agent_names) w;
+    END IF;
+    RETURN QUERY
+    SELECT v_wrote, false, r
+      FROM agentpost.mark_read_at(p_space, p_scope, false, p_resource, NULL, NULL, p_min,
+                                  p_now, p_prune) r;
+    RETURN QUERY
+    SELECT v_wrote, true,
+           ROW(c.id, c.mark_type, c.agent_id, c.scope, c.created_at, c.initial_strength,
+               c.supersedes, c.resource, c.action, c.topic, c.confidence, c.source,
+               c.invalidates, c.severity, c.priority, c.blocking, c.resolved_by, c.failed,
+               c.body, NULL)::agentpost.mark_read_row
+      FROM agentpost.mark_claims(p_space, p_scope, p_resource) c;
+    RETURN QUERY SELECT v_wrote, NULL::boolean, NULL::agentpost.mark_read_row;
+END $$;

@@ -147,6 +147,7 @@
 --   0007_marks.sql                       1  function   agentpost.mark_watch_matches(p_patterns jsonb, p_scope text, p_type text, p_topic text, p_resource text)
 --   0066_mark_watch_supersession.sql     2  function   agentpost.mark_write(p_space text, p_now double precision, p_rows json)
 --   0076_agent_names_saga_steps.sql      1  function   agentpost.mark_write(p_space text, p_now double precision, p_rows json, p_agent_ids uuid[], p_agent_names text[])
+--   0081_mark_boundaries.sql             1  function   agentpost.mark_write_read(p_space text, p_now double precision, p_rows json, p_agent_ids uuid[], p_agent_names text[], p_scope text, p_resource text, p_min double precision, p_prune double precision)
 --   0007_marks.sql                       1  function   agentpost.marks_at(p_space text, p_now double precision)
 --   0050_hot_path.sql                    2  function   agentpost.nack(p_id text, p_token uuid, p_delay_ms integer, p_durable boolean)
 --   0046_event_claim_pruning.sql         1  function   agentpost.prune_event_claims(p_margin interval)
@@ -4540,6 +4541,38 @@ BEGIN
       FROM agentpost.mark_name_agents(p_space, p_agent_ids, p_agent_names, false) r;
     RETURN QUERY SELECT w.n, w.id, w.created_at, v_skipped = 0
                    FROM agentpost.mark_write(p_space, p_now, p_rows) w;
+END $$;
+
+--
+-- Name: mark_write_read(text, double precision, json, uuid[], text[], text, text, double precision, double precision); Type: FUNCTION; Schema: agentpost; Owner: -
+--
+
+CREATE FUNCTION agentpost.mark_write_read(p_space text, p_now double precision, p_rows json, p_agent_ids uuid[], p_agent_names text[], p_scope text, p_resource text, p_min double precision, p_prune double precision) RETURNS TABLE(wrote json, claim boolean, mark agentpost.mark_read_row)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_wrote json;
+BEGIN
+    IF p_agent_ids IS NULL THEN
+        SELECT json_agg(json_build_array(w.n, w.id, w.created_at, true) ORDER BY w.n)
+          INTO v_wrote FROM agentpost.mark_write(p_space, p_now, p_rows) w;
+    ELSE
+        SELECT json_agg(json_build_array(w.n, w.id, w.created_at, w.named) ORDER BY w.n)
+          INTO v_wrote
+          FROM agentpost.mark_write(p_space, p_now, p_rows, p_agent_ids, p_agent_names) w;
+    END IF;
+    RETURN QUERY
+    SELECT v_wrote, false, r
+      FROM agentpost.mark_read_at(p_space, p_scope, false, p_resource, NULL, NULL, p_min,
+                                  p_now, p_prune) r;
+    RETURN QUERY
+    SELECT v_wrote, true,
+           ROW(c.id, c.mark_type, c.agent_id, c.scope, c.created_at, c.initial_strength,
+               c.supersedes, c.resource, c.action, c.topic, c.confidence, c.source,
+               c.invalidates, c.severity, c.priority, c.blocking, c.resolved_by, c.failed,
+               c.body, NULL)::agentpost.mark_read_row
+      FROM agentpost.mark_claims(p_space, p_scope, p_resource) c;
+    RETURN QUERY SELECT v_wrote, NULL::boolean, NULL::agentpost.mark_read_row;
 END $$;
 
 --

@@ -1,6 +1,7 @@
 """Many deferred boundaries at once (issue 25): `Guard.resolve_deferred_many`, and
 `resolve_all_deferred` built on it, decide exactly as `resolve_deferred` does one resource at
-a time, record the same verdicts, and keep each resource's boundary atomic.
+a time, record the same verdicts, and keep each resource's boundary atomic. And pre_action's
+write-then-read (`write_and_read_with_claims`) is a write and a read.
 
 The equivalence is checked on the same data: a seeded scenario (every conflict policy,
 intents re-stated with another confidence, actions holding a resource, an agent no longer
@@ -23,10 +24,12 @@ from agentpost.marks.core import (
     Agent,
     ConflictPolicy,
     DecayConfig,
+    Intent,
     Scope,
+    UnauthorizedWrite,
     minutes,
 )
-from agentpost.marks.guard import Guard, Verdict
+from agentpost.marks.guard import ACTIVE, Guard, Verdict
 from agentpost.marks.telemetry import EVENT_RESOLVE_DEFERRED, InMemorySink
 from marks_backends import T0, SpaceFactory, close_space, make_space
 
@@ -241,3 +244,38 @@ def test_many_refuses_what_one_refuses(make_space):
     with pytest.raises(Exception, match="strings"):
         guard.resolve_deferred_many(SCOPES[0].name, ["a", 3])
     assert guard.resolve_deferred_many(SCOPES[0].name, []) == {}
+
+
+def test_write_and_read_with_claims_is_a_write_then_a_read(make_space):
+    """pre_action's intent and its second look (one statement on Postgres): the mark is
+    stored as write() stores it (hooks, names), and the board returned is what
+    read_with_claims returns right after: the new intent in, the one it supersedes out,
+    the actions holding the resource."""
+    space = make_space(SCOPES)
+    scope = SCOPES[0].name
+    me, rival, holder = AGENTS[:3]
+    fired: list[Any] = []
+    space.add_write_hook(lambda agent_id, mark: fired.append(mark))
+    old = space.write(me, Intent(scope=scope, resource="r", action="park", confidence=0.2))
+    space.write(rival, Intent(scope=scope, resource="r", action="park", confidence=0.5))
+    space.write(holder, Action(scope=scope, resource="r", action="parked", result={}))
+    new = Intent(scope=scope, resource="r", action="park", confidence=0.9, supersedes=old)
+    mark_id, (read, claims) = space.write_and_read_with_claims(me, new, ACTIVE)
+    stored = space.get(mark_id)
+    assert (stored.agent_id, stored.confidence, stored.supersedes) == (me.id, 0.9, old)
+    assert fired[-1] == stored
+    assert (read, claims) == space.read_with_claims(scope, "r", ACTIVE)
+    assert mark_id in {m.id for m in read} and old not in {m.id for m in read}
+    assert [a.agent_id for a in claims] == [holder.id]
+    if hasattr(space, "agent_names"):
+        assert space.agent_names([me.id]) == {me.id: me.name}
+
+
+def test_write_and_read_with_claims_refuses_what_write_refuses(make_space):
+    """The checks of write, before anything is stored: nothing written, nothing fired."""
+    space = make_space(SCOPES)
+    outsider = Agent(name="outsider", scopes={})
+    with pytest.raises(UnauthorizedWrite):
+        space.write_and_read_with_claims(
+            outsider, Intent(scope=SCOPES[0].name, resource="r", action="park"), ACTIVE)
+    assert space.read_with_claims(SCOPES[0].name, "r", ACTIVE) == ([], [])

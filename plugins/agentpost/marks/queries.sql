@@ -136,6 +136,15 @@ SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes,
        NULL::float8, true
   FROM agentpost.mark_claims(%(space)s, %(scope)s, %(resource)s)
 
+-- name: write_read_with_claims
+-- write (or write_named) and then read_with_claims of one resource, in one round trip
+-- (sql/0081): the read's columns, claim, then the write's result as JSON on every row; the
+-- last row has no mark.
+SELECT (f.mark).*, f.claim, f.wrote
+  FROM agentpost.mark_write_read(%(space)s, %(now)s, %(rows)s::json, %(agent_ids)s::uuid[],
+                                 %(agent_names)s::text[], %(scope)s, %(resource)s,
+                                 %(min_strength)s, %(prune)s) f
+
 -- name: subscribe
 -- P48/P49: the new patterns replace the old, and what was queued before goes with them.
 WITH dropped AS (

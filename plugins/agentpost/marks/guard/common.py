@@ -9,6 +9,7 @@ import hmac
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -362,6 +363,16 @@ def _board_of(scope: str, read: Iterable[Mark], claims: Iterable[Action]) -> _Bo
     marks = sorted((m for m in read if m.scope == scope), key=_write_order)
     return _Board(intents=tuple(m for m in marks if isinstance(m, Intent)),
                   actions=tuple(claims))
+
+
+def _lazy_lock(space: Any, scope: str, resource: str) -> AbstractContextManager[None]:
+    """``space.lock(scope, resource, lazy=True)`` (on Postgres, taken with the block's first
+    statement), or the plain lock of a space whose lock() takes no ``lazy`` (a wrapper
+    written to the interface before it had one)."""
+    try:
+        return space.lock(scope, resource, lazy=True)
+    except TypeError:
+        return space.lock(scope, resource)
 
 
 def _agents_in_order(intents: list[Intent]) -> list[UUID]:

@@ -32,6 +32,7 @@ from agentpost.marks.guard.common import (
     _Board,
     _board_of,
     _latest,
+    _lazy_lock,
     _verdicts,
 )
 from agentpost.marks.telemetry import EVENT_RESOLVE_DEFERRED
@@ -58,7 +59,7 @@ class _Deferred:
         longer write intents and actions there, or is barred by its barrier is DENIED at
         the boundary and left out of the comparison."""
         scope_def = self.space.get_scope(scope)
-        with self.space.lock(scope, resource):
+        with _lazy_lock(self.space, scope, resource):  # taken with the board's read
             board, decisions = self._boundary(scope, scope_def, self._board(scope, resource),
                                               agents)
             self.space.record_verdicts(scope, resource, _verdicts(scope, resource, decisions))
@@ -98,7 +99,7 @@ class _Deferred:
     ) -> dict[str, dict[UUID, GuardDecision]]:
         """One transaction of `resolve_deferred_many`: lock, read, decide, record; the
         telemetry after it, as `resolve_deferred` emits it after its commit."""
-        with self.space.lock_many(scope, resources):
+        with self.space.lock_many(scope, resources, lazy=True):
             views = self.space.read_many_with_claims(scope, resources, ACTIVE)
             decided = {r: self._boundary(scope, scope_def, _board_of(scope, *views[r]), agents)
                        for r in resources}

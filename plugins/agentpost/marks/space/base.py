@@ -200,6 +200,16 @@ class SpaceBase(ABC):
         return (self.read_exact(scope, resource=resource, min_strength=min_strength),
                 self.claims(scope, resource))
 
+    def write_and_read_with_claims(
+        self, agent: Agent, mark: Mark, min_strength: float = DEFAULT_MIN_STRENGTH
+    ) -> tuple[UUID, tuple[list[Mark], list[Action]]]:
+        """`write(agent, mark)`, then `read_with_claims` of the mark's (scope, resource): the
+        guard's intent and its second look at the resource (§9.2 step 4), one round trip on
+        Postgres. Returns the mark's id and what the read returned."""
+        mark_id = self.write(agent, mark)
+        return mark_id, self.read_with_claims(mark.scope, getattr(mark, "resource", None),
+                                              min_strength)
+
     @abstractmethod
     def claims(self, scope: str, resource: str) -> list[Action]:
         """The actions holding (scope, resource), whatever warnings say (P39)."""
@@ -255,11 +265,13 @@ class SpaceBase(ABC):
     # ----------------------------------------------------------------- many boundaries at once
 
     @abstractmethod
-    def lock(self, scope: str, resource: str) -> AbstractContextManager[None]:
+    def lock(self, scope: str, resource: str, *,
+             lazy: bool = False) -> AbstractContextManager[None]:
         """Serialize guard decisions on one (scope, resource) (each backend's lock)."""
 
     @contextmanager
-    def lock_many(self, scope: str, resources: Iterable[str]) -> Iterator[None]:
+    def lock_many(self, scope: str, resources: Iterable[str], *,
+                  lazy: bool = False) -> Iterator[None]:
         """`lock` of every resource of `scope` for the block, taken in one order (sorted),
         so two callers sharing keys never wait for each other in a cycle: what a boundary
         over many resources holds while it reads and records them (one statement on
@@ -269,7 +281,7 @@ class SpaceBase(ABC):
             raise InvalidArgument("lock_many() takes a scope and resources, all strings")
         with ExitStack() as stack:
             for resource in keys:
-                stack.enter_context(self.lock(scope, resource))
+                stack.enter_context(self.lock(scope, resource, lazy=lazy))
             yield
 
     def read_many_with_claims(

@@ -615,8 +615,10 @@ class MarkSpace(SpaceBase):
     # ----------------------------------------------------------------- guard lock
 
     @contextmanager
-    def lock(self, scope: str, resource: str) -> Iterator[None]:
-        """Serialize guard decisions on one (scope, resource); re-entrant per thread."""
+    def lock(self, scope: str, resource: str, *, lazy: bool = False) -> Iterator[None]:
+        """Serialize guard decisions on one (scope, resource); re-entrant per thread.
+        ``lazy`` is for Postgres (the lock taken with the block's first statement): here
+        the lock is always taken at once."""
         key = (scope, resource)
         with self._lock:
             key_lock = self._key_locks.get(key)

@@ -323,28 +323,35 @@ class _Ledgers:
     # ----------------------------------------------------------------- guard lock
 
     @contextmanager
-    def lock(self, scope: str, resource: str) -> Iterator[None]:
+    def lock(self, scope: str, resource: str, *, lazy: bool = False) -> Iterator[None]:
         """Serialize guard decisions on one (scope, resource) of this space, across threads
         and processes: a transaction holding an advisory lock on the key, in which this
         object's calls from this thread run until the block ends. Re-entrant (a nested
-        lock() joins the open transaction). Raising inside the block rolls it back."""
+        lock() joins the open transaction). Raising inside the block rolls it back.
+
+        ``lazy``: BEGIN and the lock go out with the block's first statement, in its round
+        trip, and are held from then on; for blocks whose every step that must be
+        serialized is a statement of this space (the guard's pre_action and boundary). A
+        lazy block that sends nothing begins nothing."""
         if not isinstance(scope, str) or not isinstance(resource, str):
             raise InvalidArgument("lock() takes a scope and a resource, both strings")
-        with self._transaction(self._lock_key(scope, resource)):
+        with self._transaction(self._lock_key(scope, resource), lazy=lazy):
             yield
 
     @contextmanager
-    def lock_many(self, scope: str, resources: Iterable[str]) -> Iterator[None]:
+    def lock_many(self, scope: str, resources: Iterable[str], *,
+                  lazy: bool = False) -> Iterator[None]:
         """`lock()` of every resource of `scope` in one transaction and one statement
         (sql/0081's mark_lock_keys takes them in hash order, so batches sharing keys never
-        deadlock): a boundary over many resources. The keys are lock()'s own."""
+        deadlock): a boundary over many resources. The keys are lock()'s own; ``lazy`` as
+        lock()'s."""
         keys = sorted(set(resources))
         if not isinstance(scope, str) or not all(isinstance(r, str) for r in keys):
             raise InvalidArgument("lock_many() takes a scope and resources, all strings")
         if not keys:
             yield
             return
-        with self._transaction([self._lock_key(scope, r) for r in keys]):
+        with self._transaction([self._lock_key(scope, r) for r in keys], lazy=lazy):
             yield
 
     def _lock_key(self, scope: str, resource: str) -> str:
@@ -368,7 +375,7 @@ class _Ledgers:
             tx.conn = tx.pending = tx.named = None
 
     @contextmanager
-    def _transaction(self, key: str | list[str]) -> Iterator[None]:
+    def _transaction(self, key: str | list[str], *, lazy: bool = False) -> Iterator[None]:
         """Hold the advisory lock `key` (or every lock of a list, lock_many) in a transaction
         pinned to this thread (or join the thread's open one); commit at the end of the
         block, roll back if it raises or if a statement inside failed. Hooks of the writes
@@ -386,23 +393,31 @@ class _Ledgers:
             # A psycopg2 error raised in this block (BEGIN, ROLLBACK, COMMIT) reaches
             # Database.cursor, which translates it and drops a broken connection.
             tx.conn, tx.failed, tx.pending, tx.named = cur.connection, False, pending, named
+            # lazy: BEGIN and the lock ride with the block's first statement (`_rows`), one
+            # round trip fewer; a block that sends nothing has begun nothing
+            tx.prelude = ("BEGIN; " + QUERIES[name], params)
+            if not lazy:
+                self._begin(cur)
             try:
                 try:
-                    cur.execute("BEGIN; " + QUERIES[name], params)  # one round trip
                     yield
                 except BaseException:
-                    tx.conn = tx.pending = tx.named = None
-                    cur.execute("ROLLBACK")
+                    begun = tx.prelude is None
+                    tx.conn = tx.pending = tx.named = tx.prelude = None
+                    if begun:
+                        cur.execute("ROLLBACK")
                     raise
-                tx.conn = tx.pending = tx.named = None
+                begun = tx.prelude is None
+                tx.conn = tx.pending = tx.named = tx.prelude = None
                 if tx.failed:
                     cur.execute("ROLLBACK")
                     raise StoreError(
                         "a statement inside lock() failed; its transaction was rolled back"
                     )
-                cur.execute("COMMIT")
+                if begun:
+                    cur.execute("COMMIT")
             finally:
-                tx.conn = tx.pending = tx.named = None
+                tx.conn = tx.pending = tx.named = tx.prelude = None
         _Named.add(named)
         for hooks, writes in pending:
             fire_hooks(hooks, writes)
