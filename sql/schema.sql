@@ -136,15 +136,18 @@
 --   0058_mark_pages.sql                  1  function   agentpost.mark_count_upto(p_space text, p_scope text, p_cap integer)
 --   0058_mark_pages.sql                  1  function   agentpost.mark_decay_terms(p_space text, p_id uuid)
 --   0007_marks.sql                       1  function   agentpost.mark_id(p_seq bigint)
+--   0081_mark_boundaries.sql             1  function   agentpost.mark_lock_keys(p_keys text[])
 --   0076_agent_names_saga_steps.sql      1  function   agentpost.mark_name_agents(p_space text, p_ids uuid[], p_names text[], p_wait boolean, OUT recorded integer, OUT skipped integer)
 --   0068_mark_read_zero.sql              1  function   agentpost.mark_read_at(p_space text, p_scope text, p_nested boolean, p_resource text, p_topic text, p_mark_type text, p_min double precision, p_now double precision, p_prune double precision)
 --   0068_mark_read_zero.sql              1  function   agentpost.mark_reads(p_space text, p_now double precision, p_min double precision, p_prune double precision)
---   0070_boundary_verdict_rows.sql       3  function   agentpost.mark_record_boundary(p_space text, p_scope text, p_resource text, p_now double precision, p_rows json)
+--   0081_mark_boundaries.sql             1  function   agentpost.mark_record_boundaries(p_space text, p_scope text, p_now double precision, p_rows json)
+--   0081_mark_boundaries.sql             4  function   agentpost.mark_record_boundary(p_space text, p_scope text, p_resource text, p_now double precision, p_rows json)
 --   0007_marks.sql                       1  function   agentpost.mark_strength(p_space text, p_id uuid, p_now double precision)
 --   0007_marks.sql                       1  function   agentpost.mark_trust_weight(p_source text)
 --   0007_marks.sql                       1  function   agentpost.mark_watch_matches(p_patterns jsonb, p_scope text, p_type text, p_topic text, p_resource text)
 --   0066_mark_watch_supersession.sql     2  function   agentpost.mark_write(p_space text, p_now double precision, p_rows json)
 --   0076_agent_names_saga_steps.sql      1  function   agentpost.mark_write(p_space text, p_now double precision, p_rows json, p_agent_ids uuid[], p_agent_names text[])
+--   0081_mark_boundaries.sql             1  function   agentpost.mark_write_read(p_space text, p_now double precision, p_rows json, p_agent_ids uuid[], p_agent_names text[], p_scope text, p_resource text, p_min double precision, p_prune double precision)
 --   0007_marks.sql                       1  function   agentpost.marks_at(p_space text, p_now double precision)
 --   0050_hot_path.sql                    2  function   agentpost.nack(p_id text, p_token uuid, p_delay_ms integer, p_durable boolean)
 --   0046_event_claim_pruning.sql         1  function   agentpost.prune_event_claims(p_margin interval)
@@ -4230,6 +4233,24 @@ BEGIN
 END $$;
 
 --
+-- Name: mark_lock_keys(text[]); Type: FUNCTION; Schema: agentpost; Owner: -
+--
+
+CREATE FUNCTION agentpost.mark_lock_keys(p_keys text[]) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    h bigint;
+    n integer := 0;
+BEGIN
+    FOR h IN SELECT DISTINCT hashtextextended(k, 0) FROM unnest(p_keys) AS k ORDER BY 1 LOOP
+        PERFORM pg_advisory_xact_lock(h);
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END $$;
+
+--
 -- Name: mark_name_agents(text, uuid[], text[], boolean); Type: FUNCTION; Schema: agentpost; Owner: -
 --
 
@@ -4345,41 +4366,63 @@ CREATE FUNCTION agentpost.mark_reads(p_space text, p_now double precision, p_min
 $$;
 
 --
+-- Name: mark_record_boundaries(text, text, double precision, json); Type: FUNCTION; Schema: agentpost; Owner: -
+--
+
+CREATE FUNCTION agentpost.mark_record_boundaries(p_space text, p_scope text, p_now double precision, p_rows json) RETURNS TABLE(resource text, boundary bigint)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_keys text[];
+    v_numbers bigint[] := '{}';
+    v_key text;
+BEGIN
+    IF EXISTS (SELECT 1
+                 FROM json_array_elements(p_rows) AS e,
+                      json_to_recordset(e -> 'verdicts') AS r(agent_id uuid, intent_id uuid)
+                WHERE (SELECT ARRAY[m.space, m.agent_id::text, m.mark_type, m.scope,
+                                    m.resource]
+                         FROM agentpost.marks m WHERE m.id = r.intent_id)
+                      IS DISTINCT FROM ARRAY[p_space, r.agent_id::text, 'intent', p_scope,
+                                             e ->> 'resource']) THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(array_agg(t.e ->> 'resource' ORDER BY t.n), '{}') INTO v_keys
+      FROM json_array_elements(p_rows) WITH ORDINALITY AS t(e, n);
+    FOR i IN 1 .. cardinality(v_keys) LOOP
+        v_numbers := v_numbers || nextval('agentpost.mark_boundaries');
+    END LOOP;
+    -- key by key: `resource = ANY (v_keys)` was planned as a filter over every verdict of
+    -- the scope (the primary key's first two columns only)
+    FOREACH v_key IN ARRAY v_keys LOOP
+        DELETE FROM agentpost.mark_verdicts d
+         WHERE d.space = p_space AND d.scope = p_scope AND d.resource = v_key;
+    END LOOP;
+    DELETE FROM agentpost.mark_verdicts d WHERE d.space = p_space AND d.expires_at < p_now;
+    INSERT INTO agentpost.mark_verdicts (space, scope, resource, agent_id, boundary, allowed,
+                                         intent_id, winner_id, decided_at, expires_at)
+    SELECT p_space, p_scope, t.e ->> 'resource', r.agent_id, v_numbers[t.n], r.allowed,
+           r.intent_id, r.winner_id, p_now,
+           (SELECT m.created_at + m.ttl FROM agentpost.marks m WHERE m.id = r.intent_id)
+      FROM json_array_elements(p_rows) WITH ORDINALITY AS t(e, n),
+           json_to_recordset(t.e -> 'verdicts') AS r(agent_id uuid, allowed boolean,
+                                                     intent_id uuid, winner_id uuid);
+    RETURN QUERY SELECT k.resource, k.boundary FROM unnest(v_keys, v_numbers) AS k(resource, boundary);
+END $$;
+
+--
 -- Name: mark_record_boundary(text, text, text, double precision, json); Type: FUNCTION; Schema: agentpost; Owner: -
 --
 
 CREATE FUNCTION agentpost.mark_record_boundary(p_space text, p_scope text, p_resource text, p_now double precision, p_rows json) RETURNS bigint
-    LANGUAGE plpgsql
+    LANGUAGE sql
     AS $$
-DECLARE
-    b bigint;
-BEGIN
-    IF EXISTS (SELECT 1
-                 FROM json_to_recordset(p_rows) AS r(agent_id uuid, intent_id uuid)
-                 LEFT JOIN LATERAL (SELECT m.space, m.agent_id, m.mark_type, m.scope,
-                                           m.resource
-                                      FROM agentpost.marks m
-                                     WHERE m.id = r.intent_id) m ON true
-                WHERE m.space IS DISTINCT FROM p_space
-                   OR m.agent_id IS DISTINCT FROM r.agent_id
-                   OR m.mark_type IS DISTINCT FROM 'intent'
-                   OR m.scope IS DISTINCT FROM p_scope
-                   OR m.resource IS DISTINCT FROM p_resource) THEN
-        RETURN NULL;
-    END IF;
-    b := nextval('agentpost.mark_boundaries');
-    DELETE FROM agentpost.mark_verdicts
-     WHERE space = p_space AND scope = p_scope AND resource = p_resource;
-    DELETE FROM agentpost.mark_verdicts WHERE space = p_space AND expires_at < p_now;
-    INSERT INTO agentpost.mark_verdicts (space, scope, resource, agent_id, boundary, allowed,
-                                         intent_id, winner_id, decided_at, expires_at)
-    SELECT p_space, p_scope, p_resource, r.agent_id, b, r.allowed, r.intent_id, r.winner_id,
-           p_now, (SELECT m.created_at + m.ttl FROM agentpost.marks m
-                    WHERE m.id = r.intent_id)
-      FROM json_to_recordset(p_rows) AS r(agent_id uuid, allowed boolean, intent_id uuid,
-                                          winner_id uuid);
-    RETURN b;
-END $$;
+    SELECT b.boundary
+      FROM agentpost.mark_record_boundaries(
+               p_space, p_scope, p_now,
+               json_build_array(json_build_object('resource', p_resource, 'verdicts', p_rows))) b
+$$;
 
 --
 -- Name: mark_strength(text, uuid, double precision); Type: FUNCTION; Schema: agentpost; Owner: -
@@ -4498,6 +4541,38 @@ BEGIN
       FROM agentpost.mark_name_agents(p_space, p_agent_ids, p_agent_names, false) r;
     RETURN QUERY SELECT w.n, w.id, w.created_at, v_skipped = 0
                    FROM agentpost.mark_write(p_space, p_now, p_rows) w;
+END $$;
+
+--
+-- Name: mark_write_read(text, double precision, json, uuid[], text[], text, text, double precision, double precision); Type: FUNCTION; Schema: agentpost; Owner: -
+--
+
+CREATE FUNCTION agentpost.mark_write_read(p_space text, p_now double precision, p_rows json, p_agent_ids uuid[], p_agent_names text[], p_scope text, p_resource text, p_min double precision, p_prune double precision) RETURNS TABLE(wrote json, claim boolean, mark agentpost.mark_read_row)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_wrote json;
+BEGIN
+    IF p_agent_ids IS NULL THEN
+        SELECT json_agg(json_build_array(w.n, w.id, w.created_at, true) ORDER BY w.n)
+          INTO v_wrote FROM agentpost.mark_write(p_space, p_now, p_rows) w;
+    ELSE
+        SELECT json_agg(json_build_array(w.n, w.id, w.created_at, w.named) ORDER BY w.n)
+          INTO v_wrote
+          FROM agentpost.mark_write(p_space, p_now, p_rows, p_agent_ids, p_agent_names) w;
+    END IF;
+    RETURN QUERY
+    SELECT v_wrote, false, r
+      FROM agentpost.mark_read_at(p_space, p_scope, false, p_resource, NULL, NULL, p_min,
+                                  p_now, p_prune) r;
+    RETURN QUERY
+    SELECT v_wrote, true,
+           ROW(c.id, c.mark_type, c.agent_id, c.scope, c.created_at, c.initial_strength,
+               c.supersedes, c.resource, c.action, c.topic, c.confidence, c.source,
+               c.invalidates, c.severity, c.priority, c.blocking, c.resolved_by, c.failed,
+               c.body, NULL)::agentpost.mark_read_row
+      FROM agentpost.mark_claims(p_space, p_scope, p_resource) c;
+    RETURN QUERY SELECT v_wrote, NULL::boolean, NULL::agentpost.mark_read_row;
 END $$;
 
 --

@@ -9,7 +9,8 @@ import pytest
 from agentpost.cli import main
 
 ROWS = ("write_many", "write (single)", "read (scope, topic) p50/p95",
-        "read (scope, resource) p50/p95", "pre_action p50/p95", "resolve_deferred x")
+        "read (scope, resource) p50/p95", "pre_action p50/p95", "resolve_deferred x",
+        "resolve_deferred_many over")
 
 
 @pytest.mark.slow

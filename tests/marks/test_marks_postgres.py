@@ -858,3 +858,59 @@ def test_a_write_never_waits_for_a_name_another_transaction_is_recording(
     assert space.agent_names() == {} and len(space) == 1
     space.write(racer, Observation(scope="cal", topic="t"))
     assert space.agent_names() == {racer.id: "racer"}
+
+
+# --------------------------------------------------------------------------- lazy lock (issue 25)
+
+
+def test_a_lazy_lock_is_taken_with_the_block_s_first_statement(space: PostgresMarkSpace
+                                                                ) -> None:
+    """lock(lazy=True) sends BEGIN and the lock with the block's first statement: before it,
+    another thread takes the key; from it to the end of the block, another thread waits."""
+    key = ("cal", "r'%(key)s %s \\ ")  # quotes, percent signs and a backslash in the key
+    with space.lock(*key, lazy=True):
+        before_free = threading.Event()
+
+        def take_and_leave() -> None:
+            with space.lock(*key):
+                before_free.set()
+
+        first = threading.Thread(target=take_and_leave)
+        first.start()
+        assert before_free.wait(10), "a lazy lock was held before any statement"
+        first.join()
+        written = space.write(WRITER, Intent(scope="cal", resource=key[1], action="x"))
+        waited = threading.Event()
+
+        def wait_for_it() -> None:
+            with space.lock(*key):
+                waited.set()
+
+        second = threading.Thread(target=wait_for_it)
+        second.start()
+        assert not waited.wait(0.5), "the lock was not held after the first statement"
+    assert waited.wait(10)
+    second.join()
+    assert space.get(written) is not None
+
+
+def test_a_lazy_block_that_sends_nothing_begins_nothing(space: PostgresMarkSpace) -> None:
+    """No statement, no transaction: the block ends without COMMIT or error, raising in it
+    rolls back nothing, and the pooled connection works afterwards."""
+    with space.lock("cal", "r", lazy=True):
+        pass
+    with pytest.raises(RuntimeError), space.lock("cal", "r", lazy=True):
+        raise RuntimeError("before any statement")
+    with space.lock("cal", "r", lazy=True):
+        space.write(WRITER, Intent(scope="cal", resource="r", action="x"))
+    assert len(space) == 1
+
+
+def test_a_lazy_block_whose_first_statement_fails_rolls_back(space: PostgresMarkSpace) -> None:
+    """The first statement carries BEGIN: when it fails, lock() rolls the transaction back
+    and says so; the space works afterwards."""
+    with pytest.raises(StoreError), space.lock("cal", "r", lazy=True), pytest.raises(StoreError):
+        space._rows("get", {"id": "not a uuid"})
+    with space.lock("cal", "r", lazy=True):
+        space.write(WRITER, Intent(scope="cal", resource="r", action="x"))
+    assert len(space) == 1

@@ -136,6 +136,15 @@ SELECT id, mark_type, agent_id, scope, created_at, initial_strength, supersedes,
        NULL::float8, true
   FROM agentpost.mark_claims(%(space)s, %(scope)s, %(resource)s)
 
+-- name: write_read_with_claims
+-- write (or write_named) and then read_with_claims of one resource, in one round trip
+-- (sql/0081): the read's columns, claim, then the write's result as JSON on every row; the
+-- last row has no mark.
+SELECT (f.mark).*, f.claim, f.wrote
+  FROM agentpost.mark_write_read(%(space)s, %(now)s, %(rows)s::json, %(agent_ids)s::uuid[],
+                                 %(agent_names)s::text[], %(scope)s, %(resource)s,
+                                 %(min_strength)s, %(prune)s) f
+
 -- name: subscribe
 -- P48/P49: the new patterns replace the old, and what was queued before goes with them.
 WITH dropped AS (
@@ -202,6 +211,31 @@ SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))
 -- (sql/0014_deferred_grants.sql); NULL when an intent_id names no intent there.
 SELECT agentpost.mark_record_boundary(%(space)s, %(scope)s, %(resource)s, %(now)s,
                                       %(rows)s::json)
+
+-- name: lock_many
+-- lock() of several keys at once (resolve_deferred_many), in hash order (sql/0081).
+SELECT agentpost.mark_lock_keys(%(keys)s::text[])
+
+-- name: read_many_with_claims
+-- read_with_claims of several resources of one scope in one round trip: each resource's
+-- read_exact rows (claim = false), then its claims (claim = true); rows carry their resource.
+SELECT r.*, false AS claim
+  FROM unnest(%(resources)s::text[]) AS k(resource)
+ CROSS JOIN LATERAL agentpost.mark_read_at(%(space)s, %(scope)s, false, k.resource, NULL, NULL,
+                                           %(min_strength)s, %(now)s, %(prune)s) r
+UNION ALL
+SELECT c.id, c.mark_type, c.agent_id, c.scope, c.created_at, c.initial_strength, c.supersedes,
+       c.resource, c.action, c.topic, c.confidence, c.source, c.invalidates, c.severity,
+       c.priority, c.blocking, c.resolved_by, c.failed, c.body,
+       NULL::float8, true
+  FROM unnest(%(resources)s::text[]) AS k(resource)
+ CROSS JOIN LATERAL agentpost.mark_claims(%(space)s, %(scope)s, k.resource) c
+
+-- name: record_boundaries
+-- record_boundary for several resources of one scope, in order (sql/0081); no rows when a
+-- verdict names no intent of its agent on its resource (then nothing changed).
+SELECT resource, boundary
+  FROM agentpost.mark_record_boundaries(%(space)s, %(scope)s, %(now)s, %(rows)s::json)
 
 -- name: deferred_verdict
 -- The agent's verdict at the latest boundary on (scope, resource), while its intent lives.

@@ -20,13 +20,16 @@ from agentpost.marks.core import (
     winning_intent,
 )
 from agentpost.marks.guard.common import (
+    ACTIVE,
     SYSTEM_AGENT_NAME,
     GuardCheck,
     GuardDecision,
     Verdict,
     _Admission,
     _Board,
+    _board_of,
     _denied,
+    _lazy_lock,
     _Refusal,
     _require_agent,
     _same_plan,
@@ -55,7 +58,8 @@ class _PreAction:
         _require_agent(agent)
         proposed = Intent(scope=scope, resource=resource, action=action, confidence=confidence)
         scope_def = self.space.get_scope(scope)
-        with self.space.lock(scope, resource):
+        # lazy: on Postgres the lock goes out with the first read of the resource
+        with _lazy_lock(self.space, scope, resource):
             decision = self._decide(agent, scope_def, proposed)
         self.emitter.event(
             EVENT_PRE_ACTION,
@@ -83,8 +87,7 @@ class _PreAction:
             admitted = self._admit(agent, proposed)
             if isinstance(admitted, _Refusal):
                 return _denied(admitted)
-            held = self._write_intent(agent, proposed, own, admitted)
-            board = self._board(proposed.scope, proposed.resource)  # §9.2 step 4: read again
+            held, board = self._write_intent(agent, proposed, own, admitted)
         if scope_def.deferred:
             return self._advisory(agent, held, board)
         return self._resolve_now(agent, scope_def, held, board)
@@ -132,11 +135,19 @@ class _PreAction:
 
     def _write_intent(
         self, agent: Agent, proposed: Intent, own: Intent | None, admitted: _Admission
-    ) -> Intent:
-        """Write the intent; it supersedes the agent's previous one on the resource (§10)."""
+    ) -> tuple[Intent, _Board]:
+        """Write the intent; it supersedes the agent's previous one on the resource (§10).
+        Then read the resource again (§9.2 step 4), in the same round trip on Postgres:
+        the intent as stored, and the board with it."""
         intent = proposed.model_copy(update={"supersedes": own.id if own else None})
-        mark_id = self._store(agent, intent, admitted)
-        return intent.model_copy(update={"id": mark_id, "agent_id": agent.id})
+        try:
+            mark_id, seen = self.space.write_and_read_with_claims(agent, intent, ACTIVE)
+        except Exception:
+            self.rate_limiter.release(admitted.scope, agent.id, admitted.reservation)
+            raise
+        self._count_written(agent.id, intent.scope, intent.mark_type, "accepted")
+        held = intent.model_copy(update={"id": mark_id, "agent_id": agent.id})
+        return held, _board_of(proposed.scope, *seen)
 
     def _advisory(self, agent: Agent, held: Intent, board: _Board) -> GuardDecision:
         """Deferred scope: phase 1 collects the intent and the verdict waits (§6.2.3). Once

@@ -9,6 +9,7 @@ import hmac
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -352,6 +353,26 @@ def _write_order(mark: Mark) -> tuple[float, str]:
 
 def _latest(marks: list[Any]) -> Any:
     return max(marks, key=_write_order) if marks else None
+
+
+def _board_of(scope: str, read: Iterable[Mark], claims: Iterable[Action]) -> _Board:
+    """The guard's view of one resource from `read_with_claims`: the active intents of
+    exactly `scope`, in write order, and the actions holding it. Actions come from the
+    claims, not the read: a warning lowers an action's strength (§9.5) but the action still
+    happened, and P39 makes any action a claim."""
+    marks = sorted((m for m in read if m.scope == scope), key=_write_order)
+    return _Board(intents=tuple(m for m in marks if isinstance(m, Intent)),
+                  actions=tuple(claims))
+
+
+def _lazy_lock(space: Any, scope: str, resource: str) -> AbstractContextManager[None]:
+    """``space.lock(scope, resource, lazy=True)`` (on Postgres, taken with the block's first
+    statement), or the plain lock of a space whose lock() takes no ``lazy`` (a wrapper
+    written to the interface before it had one)."""
+    try:
+        return space.lock(scope, resource, lazy=True)
+    except TypeError:
+        return space.lock(scope, resource)
 
 
 def _agents_in_order(intents: list[Intent]) -> list[UUID]:

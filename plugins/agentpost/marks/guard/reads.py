@@ -10,7 +10,6 @@ from uuid import UUID
 from agentpost.marks.core import (
     Agent,
     ConflictPolicy,
-    Intent,
     Mark,
     MarkspaceError,
     MarkType,
@@ -23,8 +22,8 @@ from agentpost.marks.guard.common import (
     SYSTEM_TYPES,
     Verdict,
     _Board,
+    _board_of,
     _same_request,
-    _write_order,
 )
 from agentpost.marks.telemetry import (
     ACTIVE_MARKS,
@@ -102,15 +101,9 @@ class _Reads:
                                      min_strength=ACTIVE)
 
     def _board(self, scope: str, resource: str) -> _Board:
-        """The active intents on (scope, resource) and the actions holding it. Actions come
-        from `claims`, not from a read: a warning lowers an action's strength (§9.5) but the
-        action still happened, and P39 makes any action a claim."""
-        read, claims = self.space.read_with_claims(scope, resource, ACTIVE)
-        marks = sorted((m for m in read if m.scope == scope), key=_write_order)
-        return _Board(
-            intents=tuple(m for m in marks if isinstance(m, Intent)),
-            actions=tuple(claims),
-        )
+        """The active intents on (scope, resource) and the actions holding it (`_board_of`),
+        one round trip on Postgres."""
+        return _board_of(scope, *self.space.read_with_claims(scope, resource, ACTIVE))
 
     # ------------------------------------------------------------------ system writes
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from uuid import UUID, uuid4
 
 from agentpost.config import mark_content_limit
@@ -200,6 +200,16 @@ class SpaceBase(ABC):
         return (self.read_exact(scope, resource=resource, min_strength=min_strength),
                 self.claims(scope, resource))
 
+    def write_and_read_with_claims(
+        self, agent: Agent, mark: Mark, min_strength: float = DEFAULT_MIN_STRENGTH
+    ) -> tuple[UUID, tuple[list[Mark], list[Action]]]:
+        """`write(agent, mark)`, then `read_with_claims` of the mark's (scope, resource): the
+        guard's intent and its second look at the resource (§9.2 step 4), one round trip on
+        Postgres. Returns the mark's id and what the read returned."""
+        mark_id = self.write(agent, mark)
+        return mark_id, self.read_with_claims(mark.scope, getattr(mark, "resource", None),
+                                              min_strength)
+
     @abstractmethod
     def claims(self, scope: str, resource: str) -> list[Action]:
         """The actions holding (scope, resource), whatever warnings say (P39)."""
@@ -251,6 +261,49 @@ class SpaceBase(ABC):
     def gc(self, grace_period: float = 0.0) -> int:
         """Delete the marks that can never be read again, `grace_period` seconds after
         they got there; returns how many. Frees quota. See `gc_rule`."""
+
+    # ----------------------------------------------------------------- many boundaries at once
+
+    @abstractmethod
+    def lock(self, scope: str, resource: str, *,
+             lazy: bool = False) -> AbstractContextManager[None]:
+        """Serialize guard decisions on one (scope, resource) (each backend's lock)."""
+
+    @contextmanager
+    def lock_many(self, scope: str, resources: Iterable[str], *,
+                  lazy: bool = False) -> Iterator[None]:
+        """`lock` of every resource of `scope` for the block, taken in one order (sorted),
+        so two callers sharing keys never wait for each other in a cycle: what a boundary
+        over many resources holds while it reads and records them (one statement on
+        Postgres)."""
+        keys = sorted(set(resources))
+        if not all(isinstance(r, str) for r in keys):
+            raise InvalidArgument("lock_many() takes a scope and resources, all strings")
+        with ExitStack() as stack:
+            for resource in keys:
+                stack.enter_context(self.lock(scope, resource, lazy=lazy))
+            yield
+
+    def read_many_with_claims(
+        self, scope: str, resources: Iterable[str], min_strength: float = DEFAULT_MIN_STRENGTH
+    ) -> dict[str, tuple[list[Mark], list[Action]]]:
+        """`read_with_claims` of each resource (one round trip on Postgres), by resource."""
+        return {r: self.read_with_claims(scope, r, min_strength)
+                for r in dict.fromkeys(resources)}
+
+    def record_verdicts_many(
+        self, scope: str, verdicts: Mapping[str, Sequence[DeferredVerdict]]
+    ) -> dict[str, int]:
+        """`record_verdicts` of several resources of `scope`, in the mapping's order (each
+        its own boundary, numbered in that order), all or nothing: resource -> boundary."""
+        checked = {r: self._check_verdicts(scope, r, v) for r, v in verdicts.items()}
+        return self._record_boundaries(scope, checked)
+
+    @abstractmethod
+    def _record_boundaries(
+        self, scope: str, verdicts: Mapping[str, list[DeferredVerdict]]
+    ) -> dict[str, int]:
+        """Store checked verdicts of several resources, all or nothing (each backend)."""
 
     # ----------------------------------------------------------------- deferred verdicts
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from uuid import UUID
 
@@ -501,28 +501,46 @@ class MarkSpace(SpaceBase):
     ) -> int:
         """Keep a boundary's verdicts (replacing the previous boundary's on the key), shared
         by every Guard over this object; each lasts as long as its intent."""
-        checked = self._check_verdicts(scope, resource, verdicts)
+        return self.record_verdicts_many(scope, {resource: verdicts})[resource]
+
+    def _record_boundaries(
+        self, scope: str, verdicts: Mapping[str, list[DeferredVerdict]]
+    ) -> dict[str, int]:
+        """Every resource's verdicts checked against its intents before any is stored (all
+        or nothing), then each resource its own boundary, in order."""
         with self._lock:
             now = self.now()
-            stored = {}
-            for verdict in checked:
-                intent = self._marks.get(verdict.intent_id)
-                where = (scope, resource, verdict.agent_id)
-                if not isinstance(intent, Intent) or (
-                    intent.scope, intent.resource, intent.agent_id
-                ) != where:
-                    raise InvalidArgument(f"no intent {verdict.intent_id} of the agent there")
-                expires = intent.created_at + self._decay[intent.id].intent_ttl
-                stored[verdict.agent_id] = (verdict, expires)
-            self._boundaries += 1
-            self._verdicts[(scope, resource)] = {
-                agent_id: verdict.model_copy(
-                    update={"boundary": self._boundaries, "decided_at": now, "expires_at": at}
-                )
-                for agent_id, (verdict, at) in stored.items()
-            }
-            self._sweep_verdicts(now)
-            return self._boundaries
+            held = {r: self._expiring(scope, r, checked) for r, checked in verdicts.items()}
+            numbers = {}
+            for resource, stored in held.items():
+                self._boundaries += 1
+                self._verdicts[(scope, resource)] = {
+                    agent_id: verdict.model_copy(
+                        update={"boundary": self._boundaries, "decided_at": now,
+                                "expires_at": at}
+                    )
+                    for agent_id, (verdict, at) in stored.items()
+                }
+                numbers[resource] = self._boundaries
+                self._sweep_verdicts(now)
+            return numbers
+
+    def _expiring(
+        self, scope: str, resource: str, checked: list[DeferredVerdict]
+    ) -> dict[UUID, tuple[DeferredVerdict, float]]:
+        """Each verdict with its intent's end (agent id -> (verdict, expires_at));
+        InvalidArgument when one names no intent of its agent on (scope, resource)."""
+        stored = {}
+        for verdict in checked:
+            intent = self._marks.get(verdict.intent_id)
+            where = (scope, resource, verdict.agent_id)
+            if not isinstance(intent, Intent) or (
+                intent.scope, intent.resource, intent.agent_id
+            ) != where:
+                raise InvalidArgument(f"no intent {verdict.intent_id} of the agent there")
+            stored[verdict.agent_id] = (verdict, intent.created_at
+                                        + self._decay[intent.id].intent_ttl)
+        return stored
 
     def _sweep_verdicts(self, now: float) -> None:
         """Drop keys whose verdicts have all expired, each time the number of keys has
@@ -597,8 +615,10 @@ class MarkSpace(SpaceBase):
     # ----------------------------------------------------------------- guard lock
 
     @contextmanager
-    def lock(self, scope: str, resource: str) -> Iterator[None]:
-        """Serialize guard decisions on one (scope, resource); re-entrant per thread."""
+    def lock(self, scope: str, resource: str, *, lazy: bool = False) -> Iterator[None]:
+        """Serialize guard decisions on one (scope, resource); re-entrant per thread.
+        ``lazy`` is for Postgres (the lock taken with the block's first statement): here
+        the lock is always taken at once."""
         key = (scope, resource)
         with self._lock:
             key_lock = self._key_locks.get(key)

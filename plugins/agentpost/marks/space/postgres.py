@@ -45,7 +45,11 @@ Why it is built this way:
   block runs in that transaction (sees its own writes, commits with it). If the block raises,
   or a statement inside it failed, the transaction rolls back: the writes made inside it are
   undone (in memory they stay). Hooks of writes made inside the block fire after the commit,
-  none after a rollback. A nested lock() joins the open transaction.
+  none after a rollback. A nested lock() joins the open transaction. A `lazy` lock() sends
+  BEGIN and the lock with the block's first statement, in its round trip (`_begin`): the
+  guard's pre_action and boundaries, whose serialized steps are all statements. `lock_many`
+  takes the locks of many resources in one statement, in hash order (a deferred boundary
+  over many resources, sql/0081).
 - **Subscriptions and queues are tables.** A write queues its marks in the same statement;
   a poll deletes what it returns, so a mark is handed out once (P51), in write order (P52),
   also to pollers in several processes. Write hooks are process-local: they fire in the
@@ -86,6 +90,7 @@ import psycopg2
 
 from agentpost.marks.core import (
     DEFAULT_MIN_STRENGTH,
+    Action,
     Agent,
     DecayConfig,
     Intent,
@@ -107,7 +112,7 @@ from agentpost.marks.space import (
     grace_arg,
     mark_type_arg,
 )
-from agentpost.marks.space.postgres_ledgers import _Ledgers
+from agentpost.marks.space.postgres_ledgers import _board_rows, _Ledgers
 from agentpost.marks.space.postgres_rows import (
     _COLUMN_FIELDS,
     _INF,
@@ -258,15 +263,37 @@ class PostgresMarkSpace(_Ledgers, SpaceBase):
             return
         try:
             with conn.cursor() as cur:
+                self._begin(cur)
                 yield cur
         except psycopg2.Error as exc:
             self._tx.failed = True  # the transaction is aborted: lock() will roll it back
             raise translate(exc) from None
 
+    def _begin(self, cur: Any, query: str = "") -> str:
+        """`query` with this thread's pending BEGIN and lock in front (sent once); with no
+        query, they are sent now, on their own (a caller using the cursor directly)."""
+        prelude, self._tx.prelude = self._tx.prelude, None
+        if prelude is None:
+            return query
+        if not query:
+            cur.execute(*prelude)
+            return query
+        # bound here, so the query's own parameters cannot collide with the lock's
+        return cur.mogrify(*prelude).decode().replace("%", "%%") + ";\n" + query
+
     def _rows(self, name: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        with self._cursor() as cur:
-            cur.execute(QUERIES[name], {"space": self.space, **params})
-            return cur.fetchall() if cur.description is not None else []
+        conn = self._tx.conn
+        if conn is None:
+            with self._pool.cursor() as cur:
+                cur.execute(QUERIES[name], {"space": self.space, **params})
+                return cur.fetchall() if cur.description is not None else []
+        try:
+            with conn.cursor() as cur:
+                cur.execute(self._begin(cur, QUERIES[name]), {"space": self.space, **params})
+                return cur.fetchall() if cur.description is not None else []
+        except psycopg2.Error as exc:
+            self._tx.failed = True  # the transaction is aborted: lock() will roll it back
+            raise translate(exc) from None
 
     def write_many(self, agent: Agent, marks: Sequence[Mark]) -> list[UUID]:
         """Write several marks in one statement, all or nothing: every mark is checked
@@ -300,11 +327,7 @@ class PostgresMarkSpace(_Ledgers, SpaceBase):
         now, or at the commit of an open lock()."""
         if not items:
             return []
-        now = self.now()
-        if not math.isfinite(now):
-            raise InvalidArgument(f"the space's clock returned {now!r}")
-        rows = [self._row(m, agent_id, decay, vis) for m, agent_id, decay, vis in items]
-        params: dict[str, Any] = {"rows": json.dumps(rows), "now": now}
+        params = self._write_params(items)
         suffix = ""
         if self._tx.run is not None:
             runner, columns = self._tx.run
@@ -312,13 +335,36 @@ class PostgresMarkSpace(_Ledgers, SpaceBase):
             if run_n:
                 params.update(columns, run_n=run_n)
                 suffix = "_run"
-        key = (self.dsn, self.space, str(writer.id), writer.name) if writer else None
-        if key is None or not key[3] or _Named.known(key):
+        key = self._name_key(writer)
+        if key is None:
             result = self._rows("write" + suffix, params)
         else:
             result = self._rows("write_named" + suffix, {**params, **_names([writer])})
             if all(row[3] for row in result):
                 self._remember(key)
+        return self._stored(items, result)
+
+    def _write_params(
+        self, items: Sequence[tuple[Mark, UUID, DecayConfig, ScopeVisibility]]
+    ) -> dict[str, Any]:
+        now = self.now()
+        if not math.isfinite(now):
+            raise InvalidArgument(f"the space's clock returned {now!r}")
+        rows = [self._row(m, agent_id, decay, vis) for m, agent_id, decay, vis in items]
+        return {"rows": json.dumps(rows), "now": now}
+
+    def _name_key(self, writer: Agent | None) -> NameKey | None:
+        """The writer's name key when its name must be recorded with the write, else None
+        (no writer, no name, or recorded already)."""
+        key = (self.dsn, self.space, str(writer.id), writer.name) if writer else None
+        return None if key is None or not key[3] or _Named.known(key) else key
+
+    def _stored(
+        self, items: Sequence[tuple[Mark, UUID, DecayConfig, ScopeVisibility]],
+        result: Sequence[Sequence[Any]],
+    ) -> list[Mark]:
+        """The marks as stored (the write's (n, id, created_at) rows), with their hooks
+        fired now or queued for the open transaction's commit."""
         stamped = {int(row[0]): (UUID(str(row[1])), row[2]) for row in result}
         stored = [
             mark.model_copy(
@@ -335,6 +381,36 @@ class PostgresMarkSpace(_Ledgers, SpaceBase):
             else:
                 fire_hooks(hooks, writes)
         return stored
+
+    def write_and_read_with_claims(
+        self, agent: Agent, mark: Mark, min_strength: float = DEFAULT_MIN_STRENGTH
+    ) -> tuple[UUID, tuple[list[Mark], list[Action]]]:
+        """`write`, then `read_with_claims` of the mark's (scope, resource), in one
+        statement (sql/0081's mark_write_read): the guard's intent and its second look at
+        the resource. A space with a quota, a recorded run or a mark the read cannot name
+        takes the two calls."""
+        resource = getattr(mark, "resource", None)
+        if (self.max_marks_per_agent is not None or self._tx.run is not None
+                or not isinstance(agent, Agent) or _text_arg(mark.scope) is None
+                or _text_arg(resource) is None):
+            return super().write_and_read_with_claims(agent, mark, min_strength)
+        threshold = _threshold(min_strength)
+        [checked] = self._checked([mark])
+        scope = self.get_scope(checked.scope)
+        authorize(agent, checked, scope)
+        items = [(checked, agent.id, scope.decay, scope.visibility)]
+        params = self._write_params(items)
+        key = self._name_key(agent)
+        names = _names([agent]) if key else {"agent_ids": None, "agent_names": None}
+        rows = self._rows("write_read_with_claims", {
+            **params, **names, "scope": checked.scope, "resource": resource,
+            "min_strength": threshold,
+            "prune": self._prune(params["now"], None, True, threshold)})
+        wrote = rows[0][_N + 2]
+        if key is not None and all(named for *_, named in wrote):
+            self._remember(key)
+        [stored] = self._stored(items, wrote)
+        return stored.id, _board_rows([row for row in rows if row[0] is not None])
 
     def _remember(self, key: NameKey) -> None:
         """The name is recorded: at once, or when this thread's open transaction commits."""

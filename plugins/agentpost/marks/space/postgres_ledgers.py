@@ -42,6 +42,7 @@ from agentpost.marks.space.postgres_rows import (
     _KEY_COLUMNS,
     _N,
     _VERDICT_COLUMNS,
+    MARK_COLUMNS,
     QUERIES,
     NameKey,
     _mark,
@@ -103,12 +104,29 @@ class _Ledgers:
         rows = self._rows("read_with_claims", {
             "scope": scope, "resource": resource, "min_strength": threshold, "now": now,
             "prune": self._prune(now, None, True, threshold)})
-        scored = [(_mark(row), row[_N]) for row in rows if not row[_N + 1]]
-        scored.sort(key=lambda pair: read_order_key(pair[0], pair[1]))
-        held = [_mark(row) for row in rows if row[_N + 1]]
-        return ([m for m, _ in scored],
-                sorted((m for m in held if isinstance(m, Action)),
-                       key=lambda m: (m.created_at, m.id)))
+        return _board_rows(rows)
+
+    def read_many_with_claims(
+        self, scope: str, resources: Iterable[str], min_strength: float = DEFAULT_MIN_STRENGTH
+    ) -> dict[str, tuple[list[Mark], list[Action]]]:
+        """`read_with_claims` of several resources of one scope in one statement (a
+        boundary over many resources), by resource."""
+        threshold = _threshold(min_strength)
+        self.get_scope(scope)
+        boards: dict[str, tuple[list[Mark], list[Action]]] = {
+            r: ([], []) for r in dict.fromkeys(resources)}
+        keys = [r for r in boards if _text_arg(r) is not None]
+        if _text_arg(scope) is None or not keys:
+            return boards
+        now = self.now()
+        rows = self._rows("read_many_with_claims", {
+            "scope": scope, "resources": keys, "min_strength": threshold, "now": now,
+            "prune": self._prune(now, None, True, threshold)})
+        grouped: dict[str, list[tuple[Any, ...]]] = {r: [] for r in keys}
+        for row in rows:
+            grouped[row[MARK_COLUMNS.index("resource")]].append(row)
+        boards.update((r, _board_rows(grouped[r])) for r in keys)
+        return boards
 
     def claims(self, scope: str, resource: str) -> list[Action]:
         """The actions holding (scope, resource): neither failed nor superseded, whatever
@@ -205,20 +223,29 @@ class _Ledgers:
         checked = self._check_verdicts(scope, resource, verdicts)
         if _text_arg(scope) is None or _text_arg(resource) is None:
             raise InvalidArgument(f"no intent can be on {(scope, resource)!r}")
-        rows = [
-            {
-                "agent_id": str(v.agent_id),
-                "allowed": v.allowed,
-                "intent_id": str(v.intent_id),
-                "winner_id": None if v.winner_id is None else str(v.winner_id),
-            }
-            for v in checked
-        ]
+        rows = [_verdict_row(v) for v in checked]
         params = {"scope": scope, "resource": resource, "now": self.now(), "rows": json.dumps(rows)}
         boundary = self._rows("record_boundary", params)[0][0]
         if boundary is None:
             raise InvalidArgument(f"a verdict names no intent of its agent on {resource!r}")
         return int(boundary)
+
+    def _record_boundaries(
+        self, scope: str, verdicts: Mapping[str, list[DeferredVerdict]]
+    ) -> dict[str, int]:
+        """Several resources' boundaries in one statement (sql/0081), all or nothing; inside
+        lock_many() they commit with the boundaries' decisions."""
+        if _text_arg(scope) is None or any(_text_arg(r) is None for r in verdicts):
+            raise InvalidArgument(f"no intent can be on a resource of {scope!r} given")
+        if not verdicts:
+            return {}
+        rows = [{"resource": r, "verdicts": [_verdict_row(v) for v in checked]}
+                for r, checked in verdicts.items()]
+        result = self._rows("record_boundaries", {"scope": scope, "now": self.now(),
+                                                  "rows": json.dumps(rows)})
+        if not result:
+            raise InvalidArgument("a verdict names no intent of its agent on its resource")
+        return {r: int(b) for r, b in result}
 
     def deferred_verdict(
         self, scope: str, resource: str, agent_id: UUID
@@ -296,15 +323,39 @@ class _Ledgers:
     # ----------------------------------------------------------------- guard lock
 
     @contextmanager
-    def lock(self, scope: str, resource: str) -> Iterator[None]:
+    def lock(self, scope: str, resource: str, *, lazy: bool = False) -> Iterator[None]:
         """Serialize guard decisions on one (scope, resource) of this space, across threads
         and processes: a transaction holding an advisory lock on the key, in which this
         object's calls from this thread run until the block ends. Re-entrant (a nested
-        lock() joins the open transaction). Raising inside the block rolls it back."""
+        lock() joins the open transaction). Raising inside the block rolls it back.
+
+        ``lazy``: BEGIN and the lock go out with the block's first statement, in its round
+        trip, and are held from then on; for blocks whose every step that must be
+        serialized is a statement of this space (the guard's pre_action and boundary). A
+        lazy block that sends nothing begins nothing."""
         if not isinstance(scope, str) or not isinstance(resource, str):
             raise InvalidArgument("lock() takes a scope and a resource, both strings")
-        with self._transaction("agentpost.marks:" + json.dumps([self.space, scope, resource])):
+        with self._transaction(self._lock_key(scope, resource), lazy=lazy):
             yield
+
+    @contextmanager
+    def lock_many(self, scope: str, resources: Iterable[str], *,
+                  lazy: bool = False) -> Iterator[None]:
+        """`lock()` of every resource of `scope` in one transaction and one statement
+        (sql/0081's mark_lock_keys takes them in hash order, so batches sharing keys never
+        deadlock): a boundary over many resources. The keys are lock()'s own; ``lazy`` as
+        lock()'s."""
+        keys = sorted(set(resources))
+        if not isinstance(scope, str) or not all(isinstance(r, str) for r in keys):
+            raise InvalidArgument("lock_many() takes a scope and resources, all strings")
+        if not keys:
+            yield
+            return
+        with self._transaction([self._lock_key(scope, r) for r in keys], lazy=lazy):
+            yield
+
+    def _lock_key(self, scope: str, resource: str) -> str:
+        return "agentpost.marks:" + json.dumps([self.space, scope, resource])
 
     @contextmanager
     def joined(self, conn: Any) -> Iterator[None]:
@@ -324,13 +375,16 @@ class _Ledgers:
             tx.conn = tx.pending = tx.named = None
 
     @contextmanager
-    def _transaction(self, key: str) -> Iterator[None]:
-        """Hold the advisory lock `key` in a transaction pinned to this thread (or join the
-        thread's open one); commit at the end of the block, roll back if it raises or if a
-        statement inside failed. Hooks of the writes made inside fire after the commit."""
+    def _transaction(self, key: str | list[str], *, lazy: bool = False) -> Iterator[None]:
+        """Hold the advisory lock `key` (or every lock of a list, lock_many) in a transaction
+        pinned to this thread (or join the thread's open one); commit at the end of the
+        block, roll back if it raises or if a statement inside failed. Hooks of the writes
+        made inside fire after the commit."""
+        name, params = ("lock", {"key": key}) if isinstance(key, str) else (
+            "lock_many", {"keys": key})
         tx = self._tx
         if tx.conn is not None:
-            self._rows("lock", {"key": key})
+            self._rows(name, params)
             yield
             return
         pending: list[tuple[list[WriteHook], list[tuple[UUID, Mark]]]] = []
@@ -339,23 +393,51 @@ class _Ledgers:
             # A psycopg2 error raised in this block (BEGIN, ROLLBACK, COMMIT) reaches
             # Database.cursor, which translates it and drops a broken connection.
             tx.conn, tx.failed, tx.pending, tx.named = cur.connection, False, pending, named
+            # lazy: BEGIN and the lock ride with the block's first statement (`_rows`), one
+            # round trip fewer; a block that sends nothing has begun nothing
+            tx.prelude = ("BEGIN; " + QUERIES[name], params)
+            if not lazy:
+                self._begin(cur)
             try:
                 try:
-                    cur.execute("BEGIN; " + QUERIES["lock"], {"key": key})  # one round trip
                     yield
                 except BaseException:
-                    tx.conn = tx.pending = tx.named = None
-                    cur.execute("ROLLBACK")
+                    begun = tx.prelude is None
+                    tx.conn = tx.pending = tx.named = tx.prelude = None
+                    if begun:
+                        cur.execute("ROLLBACK")
                     raise
-                tx.conn = tx.pending = tx.named = None
+                begun = tx.prelude is None
+                tx.conn = tx.pending = tx.named = tx.prelude = None
                 if tx.failed:
                     cur.execute("ROLLBACK")
                     raise StoreError(
                         "a statement inside lock() failed; its transaction was rolled back"
                     )
-                cur.execute("COMMIT")
+                if begun:
+                    cur.execute("COMMIT")
             finally:
-                tx.conn = tx.pending = tx.named = None
+                tx.conn = tx.pending = tx.named = tx.prelude = None
         _Named.add(named)
         for hooks, writes in pending:
             fire_hooks(hooks, writes)
+
+
+def _verdict_row(verdict: DeferredVerdict) -> dict[str, Any]:
+    """A verdict as mark_record_boundary takes it (JSON)."""
+    return {
+        "agent_id": str(verdict.agent_id),
+        "allowed": verdict.allowed,
+        "intent_id": str(verdict.intent_id),
+        "winner_id": None if verdict.winner_id is None else str(verdict.winner_id),
+    }
+
+
+def _board_rows(rows: Sequence[tuple[Any, ...]]) -> tuple[list[Mark], list[Action]]:
+    """read_with_claims rows as (the read, strongest first; the claims, in write order)."""
+    scored = [(_mark(row), row[_N]) for row in rows if not row[_N + 1]]
+    scored.sort(key=lambda pair: read_order_key(pair[0], pair[1]))
+    held = [_mark(row) for row in rows if row[_N + 1]]
+    return ([m for m, _ in scored],
+            sorted((m for m in held if isinstance(m, Action)),
+                   key=lambda m: (m.created_at, m.id)))

@@ -181,6 +181,9 @@ class _Transaction(threading.local):
 
     conn: Any = None
     failed: bool = False
+    #: the BEGIN and advisory lock of a lock() whose block has sent nothing yet: they go in
+    #: front of its first statement, in the same round trip (statement, parameters)
+    prelude: tuple[str, dict[str, Any]] | None = None
     pending: list[tuple[list[WriteHook], list[tuple[UUID, Mark]]]] | None = None
     named: list[NameKey] | None = None  # names recorded in it, known once it commits
     #: the run recorded with this thread's marks (recording_run): the writing agent's id
