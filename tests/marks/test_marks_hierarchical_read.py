@@ -159,3 +159,29 @@ def test_a_protected_child_is_projected_for_a_reader_of_its_open_parent_p22_p24(
     assert _ids(full) == [desk, note] and full[1].content == {"at": "desk/notes"}
     assert not full[1].projected
     assert space.read("desk")[1].content == {"at": "desk/notes"}
+
+
+def test_a_limited_read_is_the_first_marks_of_the_full_read(space) -> None:
+    """`limit` (ours: the agent tools' read_marks asks for at most 20) returns exactly the
+    first `limit` marks the unlimited read returns, on both backends, whatever the reader
+    may see (hidden marks are skipped before counting, projected ones counted as
+    projected), with ties in strength ordered by write order; a bad limit is refused."""
+    from agentpost.marks.core import InvalidArgument
+
+    for i in range(6):
+        space.write(WRITER, _obs("desk", f"t{i % 2}", 0.9 - 0.1 * (i // 2)))
+        space.write(WRITER, _obs("desk/vault", "t", 0.85 - 0.1 * i))
+        space.write(WRITER, _obs("desk/notes", "t", 0.9 - 0.1 * (i // 2)))
+    for reader in (None, STRANGER, VAULT_READER, NOTES_READER):
+        full = space.read("desk", reader=reader)
+        for limit in (0, 1, 2, 5, 7, len(full), len(full) + 3):
+            limited = space.read("desk", reader=reader, limit=limit)
+            assert _ids(limited) == _ids(full[:limit]), (reader, limit)
+            assert [m.projected for m in limited] == [m.projected for m in full[:limit]]
+        assert _ids(space.read("desk", topic="t1", reader=reader, limit=2)) == \
+            _ids(space.read("desk", topic="t1", reader=reader)[:2])
+        assert _ids(space.read_exact("desk", reader=reader, limit=3)) == \
+            _ids(space.read_exact("desk", reader=reader)[:3])
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(InvalidArgument, match="limit"):
+            space.read("desk", limit=bad)

@@ -6,7 +6,8 @@ MCP (below), interleaved call by call (each call is made every way in turn, in a
 order) so that machine noise hits every path alike:
 
 - direct: the store or mark-space call the tool makes (`EnvelopeStore.send_checked` with
-  the same `meta`, `lease` + `ack`, `space.read`, `Guard.write_mark`, `Guard.pre_action`);
+  the same `meta`, `lease` + `ack`, `space.read` with the tool's limit, `Guard.write_mark`,
+  `Guard.pre_action`);
 - tools: `AgentTools.call(name, raw_args)` (argument models, the seat's checks, the call);
 - toolset: `AgentpostToolset.execute_tool` awaited in an event loop: the worker-thread hop
   (`run_blocking`) the toolset adds around `AgentTools.call` (no model, no agent loop);
@@ -68,6 +69,8 @@ SCOPE = Scope(name="bench", allowed_intent_verbs=("deploy",), allowed_action_ver
 #: the scope read_marks reads (governed by SCOPE), and how many marks it holds
 READ_SCOPE = f"{SCOPE.name}/read"
 READ_MARKS = 100
+#: the marks a read_marks call returns (the tool's default limit), asked of the space alike
+READ_LIMIT = 20
 KINDS = (MarkType.INTENT, MarkType.ACTION, MarkType.OBSERVATION, MarkType.WARNING,
          MarkType.NEED)
 TOOLS = ("send_envelope", "read_inbox+ack", "read_marks", "write_mark", "claim")
@@ -265,7 +268,7 @@ class _Bench:
                 return read - start, time.perf_counter() - read
             return lease_ack
         if tool == "read_marks":
-            return lambda: self.space.read(READ_SCOPE, reader=agent)
+            return lambda: self.space.read(READ_SCOPE, reader=agent, limit=READ_LIMIT)
         if tool == "write_mark":
             return lambda: self.guard.write_mark(agent, Observation(
                 scope=SCOPE.name, topic="api", content={"healthy": True}, confidence=0.5))

@@ -468,7 +468,7 @@ class AgentTools:
         with refusals():
             try:
                 found = space.read(args.scope, resource=args.resource, topic=args.topic,
-                                   reader=agent)
+                                   reader=agent, limit=args.limit)
             except UnknownScope:
                 raise ToolRefused(f"unknown scope {args.scope!r}{self._scope_facts()}") from None
         out = []

@@ -217,26 +217,31 @@ class SpaceBase(ABC):
     def read(self, scope: str, resource: str | None = None, topic: str | None = None,
              mark_type: MarkType | None = None,
              min_strength: float = DEFAULT_MIN_STRENGTH,
-             reader: Agent | None = None, max_tokens: int | None = None) -> list[AnyMark]:
+             reader: Agent | None = None, max_tokens: int | None = None, *,
+             limit: int | None = None) -> list[AnyMark]:
         """§8.2's read, hierarchical as the package's: `scope` and the scopes nested
-        under it (see the backend's `_read`)."""
+        under it (see the backend's `_read`). `limit` (ours, not the package's): the first
+        `limit` marks of the read order only, for a caller that takes no more (a backend
+        then builds no more)."""
         return self._read(scope, resource, topic, mark_type, min_strength, reader,
-                          max_tokens, nested=True)
+                          max_tokens, nested=True, limit=limit_arg(limit))
 
     def read_exact(self, scope: str, resource: str | None = None, topic: str | None = None,
                    mark_type: MarkType | None = None,
                    min_strength: float = DEFAULT_MIN_STRENGTH,
                    reader: Agent | None = None,
-                   max_tokens: int | None = None) -> list[AnyMark]:
+                   max_tokens: int | None = None, *,
+                   limit: int | None = None) -> list[AnyMark]:
         """`read` of `scope` alone, without its nested scopes: for callers that decide per
         scope (the guard's checks on one (scope, resource))."""
         return self._read(scope, resource, topic, mark_type, min_strength, reader,
-                          max_tokens, nested=False)
+                          max_tokens, nested=False, limit=limit_arg(limit))
 
     @abstractmethod
     def _read(self, scope: str, resource: str | None, topic: str | None,
               mark_type: MarkType | None, min_strength: float, reader: Agent | None,
-              max_tokens: int | None, *, nested: bool) -> list[AnyMark]:
+              max_tokens: int | None, *, nested: bool,
+              limit: int | None = None) -> list[AnyMark]:
         """`read` (nested) and `read_exact` (not)."""
 
     def get_mark(self, mark_id: uuid.UUID) -> AnyMark | None:
@@ -413,3 +418,12 @@ class SpaceBase(ABC):
         if action.failed:
             raise InvalidMark(f"action {action_id} failed and cannot resolve a need")
         return action
+
+
+def limit_arg(limit: object) -> int | None:
+    """A read's `limit`: None (all) or a whole number, 0 or more."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise InvalidArgument(f"limit is None or a whole number, 0 or more, not {limit!r}")
+    return limit

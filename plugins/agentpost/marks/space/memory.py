@@ -181,6 +181,7 @@ class MarkSpace(SpaceBase):
         max_tokens: int | None = None,
         *,
         nested: bool = True,
+        limit: int | None = None,
     ) -> list[AnyMark]:
         """Marks of `scope` and its nested scopes (only `scope` with `nested=False`)
         matching the filters whose effective strength (decay, trust, supersession, warnings;
@@ -208,8 +209,8 @@ class MarkSpace(SpaceBase):
                 and (strength > 0.0 or mark.id not in self._superseded_by)
             ]
         scored.sort(key=lambda pair: read_order_key(pair[0], pair[1]))
-        return fit_tokens(self._visible([m for m, _ in scored], definition, scope, reader),
-                          max_tokens)
+        shown = self._visible([m for m, _ in scored], definition, scope, reader)
+        return fit_tokens(shown if limit is None else shown[:limit], max_tokens)
 
     def _covered(self, scope: str) -> list[str]:
         """The scopes holding marks that a hierarchical read of `scope` reads: `scope` and
