@@ -49,6 +49,7 @@ class System:
     pip: ClassVar[str | None] = None
     listens: ClassVar[bool] = True
     channel: ClassVar[str] = ""  # the NOTIFY channel a consumer LISTENs on (peers)
+    live_batch: ClassVar[int] = 100  # what a live consumer takes at once
 
     def __init__(self, dsn: str, tag: str) -> None:
         self.dsn = libpq_dsn(dsn)
@@ -92,12 +93,13 @@ class System:
 
     def receive(self, timeout: float) -> list[str]:
         """What a worker of the peer does when idle: check, else sleep until a NOTIFY (or
-        the timeout), then check again. The check is the same batched consume."""
-        if got := self.consume(100):
+        the timeout), then check again. The check is the same batched consume, of at most
+        `live_batch` (a message is timed when its batch returns)."""
+        if got := self.consume(self.live_batch):
             return got
         assert self._listener is not None
         self._listener.wait(timeout)
-        return self.consume(100)
+        return self.consume(self.live_batch)
 
     def unlisten(self) -> None:
         if self._listener is not None:
@@ -389,6 +391,7 @@ class Procrastinate(_Async):
     module = "procrastinate"
     pip = "procrastinate"
     channel = f"procrastinate_queue_v1#{WORK}"
+    live_batch = 1  # its worker runs each job as fetched, not after a hundred fetches
 
     def __init__(self, dsn: str, tag: str) -> None:
         super().__init__(dsn, tag)
