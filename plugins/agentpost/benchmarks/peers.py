@@ -413,8 +413,7 @@ def run(*, dsn: str | None = None, scale: float = 1.0) -> int:
         wal = WalMeter(admin_dsn, dsns)
         stack.callback(wal.close)
         results = _rounds(Bench(systems, workers, wal, counts), list(systems))
-        server_version = wal.server_version()
-        autovacuum = vacuum(admin_dsn)
+        server_version, autovacuum = wal.setting("server_version"), wal.setting("autovacuum")
         inspect = wal.inspect
     _report(counts, results, measured, missing, server_version, autovacuum, inspect)
     return 0
@@ -482,8 +481,10 @@ def _report(counts: Counts, res: Results, measured: list[type[System]],
             if suffix and not inspect:
                 continue
             for name in everyone:
+                fpi = (f", of which full-page images {_span(res.get(name, cell + ' fpi'), ',.0f')}"
+                       if suffix and res.get(name, cell + " fpi") else "")
                 report.add(f"6. WAL {what}, {source}: {name}",
-                           f"{_span(res.get(name, cell + suffix), ',.0f')} bytes")
+                           f"{_span(res.get(name, cell + suffix), ',.0f')} bytes{fpi}")
             for name in [*peers, RAW]:
                 if name in everyone:
                     report.add(f"6. WAL {what}, {source}: agentpost ÷ {name}",

@@ -27,25 +27,28 @@ FLUSH_PATIENCE = 5.0  # seconds to wait for asynchronous commits to reach the fl
 
 ATTRIBUTED = """
 WITH r AS (
-    SELECT xid::text AS xid, record_length, block_ref ~ %(mine)s AS mine
+    SELECT xid::text AS xid, record_length, fpi_length, block_ref ~ %(mine)s AS mine
     FROM pg_get_wal_records_info(%(start)s, %(end)s))
-SELECT coalesce(sum(record_length), 0) FROM r
+SELECT coalesce(sum(record_length), 0), coalesce(sum(fpi_length), 0) FROM r
 WHERE mine OR (xid <> '0' AND xid IN (SELECT xid FROM r WHERE mine))
 """
 
 
 @dataclass(frozen=True)
 class Wal:
-    """One cell's WAL in bytes: the server's LSN diff; the system's own records (None
-    without pg_walinspect)."""
+    """One cell's WAL in bytes: the server's LSN diff; the system's own records and the
+    full-page images among them (None without pg_walinspect). A page's first change after a
+    checkpoint is logged whole, so a cell a checkpoint falls into writes more."""
 
     server: float
-    own: float | None
+    own: float | None = None
+    fpi: float | None = None
 
     def record(self, out: Any, name: str, what: str, count: int) -> None:
         out.add(name, f"wal {what}", self.server / count)
-        if self.own is not None:
+        if self.own is not None and self.fpi is not None:
             out.add(name, f"wal {what} own", self.own / count)
+            out.add(name, f"wal {what} fpi", self.fpi / count)
 
 
 class WalMeter:
@@ -93,20 +96,23 @@ class WalMeter:
         server = float(self._one("SELECT pg_wal_lsn_diff(%(end)s, %(start)s)",
                                  {"end": end, "start": start}))
         if name is None or not self.inspect:
-            return Wal(server, None)
+            return Wal(server)
         deadline = time.monotonic() + FLUSH_PATIENCE
         while not self._one("SELECT pg_current_wal_flush_lsn() >= %(end)s::pg_lsn",
                             {"end": end}) and time.monotonic() < deadline:
             time.sleep(0.02)
         try:
-            own = float(self._one(ATTRIBUTED, {"start": start, "end": end,
-                                               "mine": rf"rel \d+/{self.oids[name]}/"}))
+            with self.conn.cursor() as cur:
+                cur.execute(ATTRIBUTED, {"start": start, "end": end,
+                                         "mine": rf"rel \d+/{self.oids[name]}/"})
+                own, fpi = cur.fetchone()
         except psycopg2.errors.UndefinedFile:  # "requested WAL segment ... removed"
-            return Wal(server, None)
-        return Wal(server, own)
+            return Wal(server)
+        return Wal(server, float(own), float(fpi))
 
-    def server_version(self) -> str:
-        return str(self._one("SELECT current_setting('server_version')"))
+    def setting(self, name: str) -> str:
+        """A server setting, for the report (server_version, autovacuum)."""
+        return str(self._one("SELECT current_setting(%(name)s)", {"name": name}))
 
     def close(self) -> None:
         self.conn.close()
