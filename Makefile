@@ -64,10 +64,14 @@ demo-headless: venv
 	$(BIN)/agentpost demo --headless
 
 bench: venv
-	# the lease benchmark compares with Procrastinate: the `bench` extra brings it
-	$(UV_INSTALL) --constraints constraints.txt procrastinate
+	# bench leases compares with Procrastinate, bench peers with pgmq, pgqueuer and
+	# Procrastinate: the `bench` extra brings them
+	$(UV_INSTALL) --constraints constraints.txt procrastinate pgmq 'pgqueuer[asyncpg]'
 	$(BIN)/agentpost bench envelopes
 	$(BIN)/agentpost bench leases
+	# agentpost beside pgmq, pgqueuer and Procrastinate, each in its own scratch database
+	# (a few minutes; pg-boss and graphile-worker are said skipped)
+	$(BIN)/agentpost bench peers
 	$(BIN)/agentpost bench marks
 	$(BIN)/agentpost bench commands
 	$(BIN)/agentpost bench airflow
