@@ -39,6 +39,44 @@ QUEUES = ["agentpost.triggers.messaging.AgentpostMessageQueueProvider"]
 DOCS = ["/docs/airflow.md", "/docs/api.md", "/docs/design.md"]
 
 
+def _option(description: str, example: str | None = None, *,
+            sensitive: bool = False) -> dict[str, Any]:
+    option: dict[str, Any] = {"description": description, "version_added": "0.1.0",
+                              "type": "string", "example": example, "default": None}
+    if sensitive:
+        option["sensitive"] = True
+    return option
+
+
+#: the ``[agentpost]`` section of Airflow's configuration (``airflow config list`` shows it);
+#: every default is the code's own, said in each description (None here: unset)
+CONFIG = {"agentpost": {
+    "description": "agentpost's settings in Airflow's API server: its MCP endpoint "
+                   "(docs/agents.md, \"Settings\") and its metrics (docs/operations.md).",
+    "options": {
+        "mcp_space": _option("A mark space whose read_marks, write_mark and claim the MCP "
+                             "endpoint offers; unset: no mark tools.", "desk"),
+        "mcp_scopes": _option("Its scopes, NAME[:INTENT_VERBS[:ACTION_VERBS]], separated by "
+                              "spaces or new lines.", "deploys:deploy:deployed"),
+        "mcp_fleet": _option("Instead of mcp_space and mcp_scopes: a fleet file whose space "
+                             "and scopes the endpoint uses.", "/opt/airflow/dags/desk.yaml"),
+        "mcp_token_rate": _option("Requests per second of a gateway token's bucket on the MCP "
+                                  "endpoint when the token has none of its own; off: no "
+                                  "limit. Default 50.", "20"),
+        "mcp_token_burst": _option("That bucket's size. Default 100.", "40"),
+        "mcp_token_cache": _option("Seconds a token the store confirmed live is taken as "
+                                   "live without asking again; 0: every request. Default 1.",
+                                   "0"),
+        "metrics_token": _option("The scrape token that reads /agentpost/metrics "
+                                 "(Authorization: Bearer); unset: Airflow users only "
+                                 "(AGENTPOST_METRICS_TOKEN wins over it).", sensitive=True),
+        "metrics_inboxes": _option("How many inboxes the metrics name, deepest first (the "
+                                   "rest summed as inbox=\"_others\"), or all. Default 20.",
+                                   "50"),
+    },
+}}
+
+
 def _version() -> str:
     try:
         return version(DISTRIBUTION)
@@ -64,6 +102,7 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": _modules(TRIGGER_MODULES),
         "extra-links": list(EXTRA_LINKS),
         "queues": list(QUEUES),
+        "config": CONFIG,
         "connection-types": [{
             "hook-class-name": "agentpost.hooks.AgentpostHook",
             "hook-name": "agentpost",

@@ -34,6 +34,8 @@ print(json.dumps({
     "triggers": sorted(t.trigger_class_name for t in pm.trigger
                        if t.package_name == "airflow-agentpost"),
     "queues": [q for q in pm.queue_class_names if q.startswith("agentpost.")],
+    "config": sorted(pm.provider_configs and dict(pm.provider_configs).get(
+        "airflow-agentpost", {}).get("agentpost", {}).get("options", {})),
 }))
 """
 
@@ -169,6 +171,9 @@ def test_airflow_discovers_the_provider(tmp_path: Path) -> None:
     found = run_probe(PROBE, tmp_path)
     assert found == {"provider": True, "hook": "agentpost.hooks.AgentpostHook",
                      "triggers": sorted(listed(get_provider_info(), "triggers")),
-                     "queues": sorted(get_provider_info()["queues"])}
+                     "queues": sorted(get_provider_info()["queues"]),
+                     # the [agentpost] settings, as `airflow config list` shows them
+                     "config": sorted(get_provider_info()["config"]["agentpost"]["options"])}
+    assert {"metrics_token", "metrics_inboxes", "mcp_space"} <= set(found["config"])
     assert found["queues"], "no queue provider discovered"
     assert found["triggers"], "no trigger module discovered"
