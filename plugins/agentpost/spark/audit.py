@@ -125,15 +125,17 @@ def run_audit(spark: SparkSession, settings: SparkSettings, *,
     started = datetime.now(UTC)
     from pyspark import StorageLevel
 
+    from agentpost.spark.audit_checks import prepare
+
     with Snapshot(spark, settings) as snap:
-        trail = snap.trail().persist(StorageLevel.MEMORY_AND_DISK)
+        trail = prepare(snap.trail(), settings.key).persist(StorageLevel.MEMORY_AND_DISK)
         envelopes = snap.table(_ENVELOPES, partition_column="seq").persist(
             StorageLevel.MEMORY_AND_DISK)
         try:
             entries = trail.count()
             envelopes.count()
             with sized_shuffles(spark, entries, settings):
-                checks = _run_checks(trail, envelopes, snap, settings.key, entries, first)
+                checks = _run_checks(trail, envelopes, snap, entries, first)
                 checks["checkpoint_anchors"] = _anchors(spark, trail, loaded, first)
         finally:
             trail.unpersist()
@@ -144,8 +146,8 @@ def run_audit(spark: SparkSession, settings: SparkSettings, *,
                        taken_at=taken_at, entries=entries, checks=ordered)
 
 
-def _run_checks(trail: DataFrame, envelopes: DataFrame, snap: Snapshot, key: bytes,
-                entries: int, first: int) -> dict[str, CheckResult]:
+def _run_checks(trail: DataFrame, envelopes: DataFrame, snap: Snapshot, entries: int,
+                first: int) -> dict[str, CheckResult]:
     from pyspark.sql import functions as F
 
     from agentpost.spark import audit_checks as ac
@@ -154,7 +156,7 @@ def _run_checks(trail: DataFrame, envelopes: DataFrame, snap: Snapshot, key: byt
     routes = snap.table(_ROUTES)
     present = _present(envelopes, commands, routes, snap.table(_OTHER_ROWS))
     delivered, pending = ac.delivered_once(trail, envelopes)
-    found = [ac.entry_checks(trail, key), delivered, ac.channel_order(trail),
+    found = [ac.entry_checks(trail), delivered, ac.channel_order(trail),
              ac.acked_once(trail), ac.command_transitions(trail),
              ac.compensation_target(trail), ac.rows_exist(trail, present),
              ac.lifecycle_entries(trail, envelopes),
