@@ -148,17 +148,36 @@ def run_audit(spark: SparkSession, settings: SparkSettings, *,
 
 def _run_checks(trail: DataFrame, envelopes: DataFrame, snap: Snapshot, entries: int,
                 first: int) -> dict[str, CheckResult]:
-    from pyspark.sql import functions as F
+    from pyspark import StorageLevel
 
     from agentpost.spark import audit_checks as ac
 
     commands = snap.table(_COMMANDS)
     routes = snap.table(_ROUTES)
     present = _present(envelopes, commands, routes, snap.table(_OTHER_ROWS))
-    delivered, pending = ac.delivered_once(trail, envelopes)
-    found = [ac.entry_checks(trail), delivered, ac.channel_order(trail),
+    # aggregates two checks or a check's two counts read: kept, so each is computed once
+    # (their plans are pruned differently per use, so Spark would not reuse the shuffles)
+    shared = [ac.outcomes(trail), ac.named_rows(trail)]
+    outcome, named = (frame.persist(StorageLevel.MEMORY_AND_DISK) for frame in shared)
+    try:
+        return _checks_of(trail, envelopes, commands, routes, outcome,
+                          ac.rows_exist(trail, named, present), entries, first)
+    finally:
+        for frame in shared:
+            frame.unpersist()
+
+
+def _checks_of(trail: DataFrame, envelopes: DataFrame, commands: DataFrame,
+               routes: DataFrame, outcome: DataFrame, rows_exist: Found, entries: int,
+               first: int) -> dict[str, CheckResult]:
+    from pyspark.sql import functions as F
+
+    from agentpost.spark import audit_checks as ac
+
+    delivered, pending = ac.delivered_once(outcome, envelopes)
+    found = [ac.entry_checks(trail), delivered, ac.channel_order(outcome),
              ac.acked_once(trail), ac.command_transitions(trail),
-             ac.compensation_target(trail), ac.rows_exist(trail, present),
+             ac.compensation_target(trail), rows_exist,
              ac.lifecycle_entries(trail, envelopes),
              ac.envelope_rows(trail, envelopes), ac.command_rows(trail, commands),
              ac.route_rows(trail, routes),

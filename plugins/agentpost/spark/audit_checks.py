@@ -144,29 +144,34 @@ def _binary(value: bytes) -> Column:
 
 # -- envelopes -----------------------------------------------------------------------------
 
-def _per_envelope(trail: DataFrame, event: str, prefix: str) -> DataFrame:
-    return (trail.where(F.col("event") == event).groupBy("envelope_id")
-            .agg(F.count("*").alias(f"{prefix}_n"), F.min("id").alias(f"{prefix}_id"),
-                 F.min_by("chain", "id").alias(f"{prefix}_chain"),
-                 F.min_by("chain_seq", "id").alias(f"{prefix}_seq")))
+def outcomes(trail: DataFrame) -> DataFrame:
+    """Per envelope with a creation, delivery or undeliverable entry, for each of the three
+    (prefix c, d, u): how many (`<p>_n`), and the first's id, chain and chain_seq (`<p>_id`,
+    `<p>_chain`, `<p>_seq`), in one aggregation that delivered_once and channel_order share
+    (the audit keeps it while they run)."""
+    events = {"c": "envelope_created", "d": "envelope_delivered", "u": "envelope_undeliverable"}
+    firsts = []
+    for p, event in events.items():
+        this = F.col("event") == event
+        firsts += [F.count(F.when(this, True)).alias(f"{p}_n"),
+                   F.min(F.when(this, F.struct("id", "chain", "chain_seq"))).alias(p)]
+    per = (trail.where(F.col("event").isin(*events.values())).groupBy("envelope_id")
+           .agg(*firsts))
+    return per.select("envelope_id", *[c for p in events for c in (
+        F.col(f"{p}_n"), F.col(f"{p}.id").alias(f"{p}_id"),
+        F.col(f"{p}.chain").alias(f"{p}_chain"), F.col(f"{p}.chain_seq").alias(f"{p}_seq"))])
 
 
-def delivered_once(trail: DataFrame, envelopes: DataFrame) -> tuple[Found, DataFrame]:
+def delivered_once(outcome: DataFrame, envelopes: DataFrame) -> tuple[Found, DataFrame]:
     """Every envelope_created has exactly one delivery outcome (WACP §7): one
     envelope_delivered, or never delivered and one envelope_undeliverable. A delivered
     envelope may be dead-lettered later (Courier §6.3: envelope_undeliverable after its
     delivery, again after a requeue); an outcome before the delivery, a second delivery or
     an outcome without a creation fails. Never delivered and no outcome: pending when its
-    row is still queued (validated, no delivered_at), else a failure. Returns the check and
-    the pending envelopes."""
-    created = _per_envelope(trail, "envelope_created", "c")
-    delivered = _per_envelope(trail, "envelope_delivered", "d")
-    undeliverable = _per_envelope(trail, "envelope_undeliverable", "u")
+    row is still queued (validated, no delivered_at), else a failure. `outcome`: the
+    trail's `outcomes`. Returns the check and the pending envelopes."""
     rows = envelopes.select(F.col("id").alias("envelope_id"), "status", "delivered")
-    joined = (created.join(delivered, "envelope_id", "full")
-              .join(undeliverable, "envelope_id", "full")
-              .join(rows, "envelope_id", "left")
-              .na.fill(0, ["c_n", "d_n", "u_n"]))
+    joined = outcome.join(rows, "envelope_id", "left")
     silent = (F.col("d_n") == 0) & (F.col("u_n") == 0)
     queued = (F.col("status") == "validated") & ~F.coalesce(F.col("delivered"), F.lit(True))
     pending = joined.where((F.col("c_n") == 1) & silent & queued)
@@ -176,19 +181,18 @@ def delivered_once(trail: DataFrame, envelopes: DataFrame) -> tuple[Found, DataF
                | (silent & ~queued))
     bad = joined.where(failing)
     ord_col = F.coalesce("c_id", "d_id", "u_id")
-    return (_found("delivered_once", created.select("envelope_id"),
+    return (_found("delivered_once", outcome.where(F.col("c_n") > 0).select("envelope_id"),
                   bad, ord_col, "envelope_id"),
             pending.select("envelope_id"))
 
 
-def channel_order(trail: DataFrame) -> Found:
+def channel_order(outcome: DataFrame) -> Found:
     """WACP §4 rule 4 / §5 "Channel ordering": in each channel (the chain of the creation,
     the sender's, and the chain of the delivery, the recipient's) the recipient-chain order
     of envelope_delivered equals the sender-chain order of envelope_created. Envelopes with
-    both entries are compared (a missing or second delivery is delivered_once's finding)."""
-    created = _per_envelope(trail, "envelope_created", "c")
-    delivered = _per_envelope(trail, "envelope_delivered", "d")
-    pairs = created.join(delivered, "envelope_id")
+    both entries are compared (a missing or second delivery is delivered_once's finding).
+    `outcome`: the trail's `outcomes`."""
+    pairs = outcome.where((F.col("c_n") > 0) & (F.col("d_n") > 0))
     channel = Window.partitionBy("c_chain", "d_chain")
     ranked = pairs.select(
         "envelope_id", "c_id",
@@ -360,12 +364,18 @@ def route_rows(trail: DataFrame, routes: DataFrame) -> Found:
 
 # -- rows the trail names (store/queries.sql: missing_rows; protocol/named_rows.py) --------
 
-def rows_exist(trail: DataFrame, present: DataFrame) -> Found:
-    """The `missing_rows` rule (WACP §3 Integrity): every row the entries name (by their
-    envelope_id, their chain, or a field of their body) is among `present` (kind, key, sub:
-    a saga step's name, else ''), but a rule whose last definition entry in the system
-    chain is rule_removed (remove_rule deletes its row). The report names `<kind> <id>`."""
-    named = _named(trail).groupBy("kind", "key", "sub").agg(F.min("id").alias("first_id"))
+def named_rows(trail: DataFrame) -> DataFrame:
+    """Every row the entries name, once: (kind, key, sub, first_id: the first entry naming
+    it). Kept by the audit while its checks run: rows_exist counts these and joins them."""
+    return _named(trail).groupBy("kind", "key", "sub").agg(F.min("id").alias("first_id"))
+
+
+def rows_exist(trail: DataFrame, named: DataFrame, present: DataFrame) -> Found:
+    """The `missing_rows` rule (WACP §3 Integrity): every row the entries name (`named`: the
+    trail's `named_rows`, by their envelope_id, their chain, or a field of their body) is
+    among `present` (kind, key, sub: a saga step's name, else ''), but a rule whose last
+    definition entry in the system chain is rule_removed (remove_rule deletes its row). The
+    report names `<kind> <id>`."""
     rules = trail.where((F.col("chain") == SYSTEM_CHAIN)
                         & F.col("event").isin("rule_defined", "rule_removed"))
     removed = (rules.groupBy(_body("id").alias("key"))
@@ -389,21 +399,21 @@ def _named(trail: DataFrame) -> DataFrame:
         kind = kind.when(F.col("chain").startswith(prefix), F.lit(None))
     kind = kind.otherwise(F.lit(nr.WORKSPACE))
     key = F.when(kind == nr.WORKSPACE, F.col("chain")).otherwise(_after_prefix())
-    parts = [_rows(trail.where(F.col("envelope_id").isNotNull()), F.lit(nr.ENVELOPE),
-                   F.col("envelope_id")),
-             _rows(chains, kind, key)]
     by_field: dict[tuple[str, str], list[str]] = {}
     for event, fields in nr.BODY_FIELDS.items():
         for row_kind, name in fields:
             by_field.setdefault((row_kind, name), []).append(event)
-    for (row_kind, name), events in by_field.items():
-        parts.append(_rows(trail.where(F.col("event").isin(*events)), F.lit(row_kind),
-                           _body(name)))
-    parts.append(_rows(trail.where(F.col("chain").startswith("saga:")), F.lit(nr.SAGA_STEP),
-                       _after_prefix(), _body(nr.STEP_FIELD)))
-    out = parts[0]
-    for part in parts[1:]:
-        out = out.unionByName(part)
+    per_entry = [(F.lit(nr.ENVELOPE), F.col("envelope_id"), F.lit("")),
+                 *[(F.lit(row_kind), F.when(F.col("event").isin(*events), _body(name)),
+                    F.lit("")) for (row_kind, name), events in by_field.items()],
+                 (F.lit(nr.SAGA_STEP), F.when(F.col("chain").startswith("saga:"),
+                                              _after_prefix()), _body(nr.STEP_FIELD))]
+    # one scan of the entries: each one's named rows as an array (those with a key), exploded
+    rows = F.array(*[F.struct(row_kind.alias("kind"), row_key.alias("key"), sub.alias("sub"))
+                     for row_kind, row_key, sub in per_entry])
+    named = trail.select("id", F.explode(F.filter(rows, lambda r: r["key"].isNotNull()))
+                         .alias("n")).select("n.*", "id")
+    out = _rows(chains, kind, key).unionByName(named)
     return out.where(F.col("kind").isNotNull() & F.col("key").isNotNull()
                      & F.col("sub").isNotNull())
 
