@@ -134,7 +134,7 @@ def run_audit(spark: SparkSession, settings: SparkSettings, *,
         try:
             entries = trail.count()
             envelopes.count()
-            with sized_shuffles(spark, entries, settings):
+            with sized_shuffles(spark, entries, settings, hash_joins=True):
                 checks = _run_checks(trail, envelopes, snap, entries, first)
                 checks["checkpoint_anchors"] = _anchors(spark, trail, loaded, first)
         finally:
