@@ -125,15 +125,17 @@ def run_audit(spark: SparkSession, settings: SparkSettings, *,
     started = datetime.now(UTC)
     from pyspark import StorageLevel
 
+    from agentpost.spark.audit_checks import prepare
+
     with Snapshot(spark, settings) as snap:
-        trail = snap.trail().persist(StorageLevel.MEMORY_AND_DISK)
+        trail = prepare(snap.trail(), settings.key).persist(StorageLevel.MEMORY_AND_DISK)
         envelopes = snap.table(_ENVELOPES, partition_column="seq").persist(
             StorageLevel.MEMORY_AND_DISK)
         try:
             entries = trail.count()
             envelopes.count()
-            with sized_shuffles(spark, entries, settings):
-                checks = _run_checks(trail, envelopes, snap, settings.key, entries, first)
+            with sized_shuffles(spark, entries, settings, hash_joins=True):
+                checks = _run_checks(trail, envelopes, snap, entries, first)
                 checks["checkpoint_anchors"] = _anchors(spark, trail, loaded, first)
         finally:
             trail.unpersist()
@@ -144,19 +146,38 @@ def run_audit(spark: SparkSession, settings: SparkSettings, *,
                        taken_at=taken_at, entries=entries, checks=ordered)
 
 
-def _run_checks(trail: DataFrame, envelopes: DataFrame, snap: Snapshot, key: bytes,
-                entries: int, first: int) -> dict[str, CheckResult]:
-    from pyspark.sql import functions as F
+def _run_checks(trail: DataFrame, envelopes: DataFrame, snap: Snapshot, entries: int,
+                first: int) -> dict[str, CheckResult]:
+    from pyspark import StorageLevel
 
     from agentpost.spark import audit_checks as ac
 
     commands = snap.table(_COMMANDS)
     routes = snap.table(_ROUTES)
     present = _present(envelopes, commands, routes, snap.table(_OTHER_ROWS))
-    delivered, pending = ac.delivered_once(trail, envelopes)
-    found = [ac.entry_checks(trail, key), delivered, ac.channel_order(trail),
+    # aggregates two checks or a check's two counts read: kept, so each is computed once
+    # (their plans are pruned differently per use, so Spark would not reuse the shuffles)
+    shared = [ac.outcomes(trail), ac.named_rows(trail)]
+    outcome, named = (frame.persist(StorageLevel.MEMORY_AND_DISK) for frame in shared)
+    try:
+        return _checks_of(trail, envelopes, commands, routes, outcome,
+                          ac.rows_exist(trail, named, present), entries, first)
+    finally:
+        for frame in shared:
+            frame.unpersist()
+
+
+def _checks_of(trail: DataFrame, envelopes: DataFrame, commands: DataFrame,
+               routes: DataFrame, outcome: DataFrame, rows_exist: Found, entries: int,
+               first: int) -> dict[str, CheckResult]:
+    from pyspark.sql import functions as F
+
+    from agentpost.spark import audit_checks as ac
+
+    delivered, pending = ac.delivered_once(outcome, envelopes)
+    found = [ac.entry_checks(trail), delivered, ac.channel_order(outcome),
              ac.acked_once(trail), ac.command_transitions(trail),
-             ac.compensation_target(trail), ac.rows_exist(trail, present),
+             ac.compensation_target(trail), rows_exist,
              ac.lifecycle_entries(trail, envelopes),
              ac.envelope_rows(trail, envelopes), ac.command_rows(trail, commands),
              ac.route_rows(trail, routes),

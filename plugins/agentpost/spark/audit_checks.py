@@ -23,8 +23,22 @@ from agentpost.protocol.trail import GENESIS, key_pads
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-#: the fields of a record the entry_columns check compares with the columns
-RECORD_SCHEMA = "chain string, seq bigint, event string, envelope_id string, at_us bigint"
+#: the body fields the checks read: each a string as get_json_object reads it, but a
+#: transition (lifecycle.transition), a route's index (an int, as route_rows compares it) and
+#: the signed envelope row (its JSON text, parsed for the few rows envelope_rows compares)
+BODY_FIELDS = tuple(sorted({name for fields in nr.BODY_FIELDS.values() for _, name in fields}
+                           | {nr.STEP_FIELD, "signal", "ref", "kind", "target_command_id",
+                              "end", "phase"}))
+BODY_SCHEMA = ("struct<" + ", ".join(f"`{name}`: string" for name in BODY_FIELDS)
+               + ", `lifecycle`: struct<`transition`: string>, `current`: int, `row`: string>")
+#: the fields of a record the entry_columns check compares with the columns, and the body
+#: (one parse per entry: a field that does not parse is null, the others still are read)
+RECORD_SCHEMA = ("chain string, seq bigint, event string, envelope_id string, at_us bigint, "
+                 f"body {BODY_SCHEMA}")
+#: the columns of a prepared entry (`prepare`) before its check of the columns and the body
+#: fields (a column each, `b_<name>`: a scan decodes only the fields its check reads)
+PREPARED = ("id", "chain", "chain_seq", "event", "envelope_id", "prev_hash", "hash", "hash_ok",
+            "mac_ok")
 #: events that change an envelope's row and sign it (sql/0017, sql/0057)
 LIFECYCLE = ("envelope_created", "envelope_rejected", "envelope_delivered",
              "envelope_delivery_failed", "envelope_undeliverable", "envelope_leased",
@@ -62,32 +76,55 @@ def _bad(frame: DataFrame, ord_col: Column | str, oid: Column | str,
                         ord_c.cast("bigint").alias("ord"), oid_c.cast("string").alias("oid"))
 
 
+def _body_column(field: str) -> str:
+    return f"b_{field}"
+
+
 def _body(field: str) -> Column:
-    return F.get_json_object("record", f"$.body.{field}")
+    """A field of the parsed body (`prepare`), e.g. "signal" or "lifecycle.transition"."""
+    return F.col(_body_column(field.rsplit(".", 1)[-1]))
 
 
 # -- entries -----------------------------------------------------------------------------
 
-def entry_checks(trail: DataFrame, key: bytes) -> Found:
-    """entry_hash, entry_signature, entry_columns, chain_sequence, chain_links: every entry
-    as `protocol.trail.ChainCheck` checks it, each entry on its own (a failure does not hide
-    the rest of its chain)."""
+def prepare(trail: DataFrame, key: bytes) -> DataFrame:
+    """The trail as the checks read it (PREPARED): each entry's hash, signature and columns
+    checked as `protocol.trail.ChainCheck` checks them, and its body parsed, in one pass over
+    `record`, which is then dropped. Every check reads these few short columns: no plan
+    parses a record again, and no sort, shuffle or cache carries the signed text."""
     ipad, opad = key_pads(key)
     inner = F.unhex(F.sha2(F.concat(_binary(ipad), F.col("hash")), 256))
     mac = F.unhex(F.sha2(F.concat(_binary(opad), inner), 256))
     digest = F.unhex(F.sha2(F.concat(F.col("prev_hash"), F.encode("record", "UTF-8")), 256))
-    rec = F.from_json("record", RECORD_SCHEMA)
-    columns_ok = (F.json_object_keys("record").isNotNull()
+    rec = F.col("rec")
+    columns_ok = (F.col("object")
                   & rec["chain"].eqNullSafe(F.col("chain"))
                   & rec["seq"].eqNullSafe(F.col("chain_seq"))
                   & rec["event"].eqNullSafe(F.col("event"))
                   & rec["envelope_id"].eqNullSafe(F.col("envelope_id"))
                   & rec["at_us"].eqNullSafe(F.col("at_us")))
+    parsed = trail.select("id", "chain", "chain_seq", "event", "envelope_id", "at_us",
+                          "prev_hash", "hash", digest.eqNullSafe(F.col("hash")).alias("hash_ok"),
+                          mac.eqNullSafe(F.col("mac")).alias("mac_ok"),
+                          F.json_object_keys("record").isNotNull().alias("object"),
+                          F.from_json("record", RECORD_SCHEMA).alias("rec"))
+    body = rec["body"]
+    fields = [body[name].alias(_body_column(name)) for name in BODY_FIELDS]
+    return parsed.select(*PREPARED, columns_ok.alias("columns_ok"), *fields,
+                         body["lifecycle"]["transition"].alias(_body_column("transition")),
+                         body["current"].alias(_body_column("current")),
+                         body["row"].alias(_body_column("row")))
+
+
+def entry_checks(trail: DataFrame) -> Found:
+    """entry_hash, entry_signature, entry_columns, chain_sequence, chain_links: every entry
+    as `protocol.trail.ChainCheck` checks it, each entry on its own (a failure does not hide
+    the rest of its chain); `trail` prepared (`prepare`)."""
     order = Window.partitionBy("chain").orderBy("chain_seq", "id")
     flags = {
-        "entry_hash": digest.eqNullSafe(F.col("hash")),
-        "entry_signature": mac.eqNullSafe(F.col("mac")),
-        "entry_columns": columns_ok,
+        "entry_hash": F.col("hash_ok"),
+        "entry_signature": F.col("mac_ok"),
+        "entry_columns": F.col("columns_ok"),
         "chain_sequence": F.col("chain_seq")
         == F.coalesce(F.lag("chain_seq").over(order), F.lit(0)) + 1,
         "chain_links": F.col("prev_hash").eqNullSafe(
@@ -107,29 +144,34 @@ def _binary(value: bytes) -> Column:
 
 # -- envelopes -----------------------------------------------------------------------------
 
-def _per_envelope(trail: DataFrame, event: str, prefix: str) -> DataFrame:
-    return (trail.where(F.col("event") == event).groupBy("envelope_id")
-            .agg(F.count("*").alias(f"{prefix}_n"), F.min("id").alias(f"{prefix}_id"),
-                 F.min_by("chain", "id").alias(f"{prefix}_chain"),
-                 F.min_by("chain_seq", "id").alias(f"{prefix}_seq")))
+def outcomes(trail: DataFrame) -> DataFrame:
+    """Per envelope with a creation, delivery or undeliverable entry, for each of the three
+    (prefix c, d, u): how many (`<p>_n`), and the first's id, chain and chain_seq (`<p>_id`,
+    `<p>_chain`, `<p>_seq`), in one aggregation that delivered_once and channel_order share
+    (the audit keeps it while they run)."""
+    events = {"c": "envelope_created", "d": "envelope_delivered", "u": "envelope_undeliverable"}
+    firsts = []
+    for p, event in events.items():
+        this = F.col("event") == event
+        firsts += [F.count(F.when(this, True)).alias(f"{p}_n"),
+                   F.min(F.when(this, F.struct("id", "chain", "chain_seq"))).alias(p)]
+    per = (trail.where(F.col("event").isin(*events.values())).groupBy("envelope_id")
+           .agg(*firsts))
+    return per.select("envelope_id", *[c for p in events for c in (
+        F.col(f"{p}_n"), F.col(f"{p}.id").alias(f"{p}_id"),
+        F.col(f"{p}.chain").alias(f"{p}_chain"), F.col(f"{p}.chain_seq").alias(f"{p}_seq"))])
 
 
-def delivered_once(trail: DataFrame, envelopes: DataFrame) -> tuple[Found, DataFrame]:
+def delivered_once(outcome: DataFrame, envelopes: DataFrame) -> tuple[Found, DataFrame]:
     """Every envelope_created has exactly one delivery outcome (WACP §7): one
     envelope_delivered, or never delivered and one envelope_undeliverable. A delivered
     envelope may be dead-lettered later (Courier §6.3: envelope_undeliverable after its
     delivery, again after a requeue); an outcome before the delivery, a second delivery or
     an outcome without a creation fails. Never delivered and no outcome: pending when its
-    row is still queued (validated, no delivered_at), else a failure. Returns the check and
-    the pending envelopes."""
-    created = _per_envelope(trail, "envelope_created", "c")
-    delivered = _per_envelope(trail, "envelope_delivered", "d")
-    undeliverable = _per_envelope(trail, "envelope_undeliverable", "u")
+    row is still queued (validated, no delivered_at), else a failure. `outcome`: the
+    trail's `outcomes`. Returns the check and the pending envelopes."""
     rows = envelopes.select(F.col("id").alias("envelope_id"), "status", "delivered")
-    joined = (created.join(delivered, "envelope_id", "full")
-              .join(undeliverable, "envelope_id", "full")
-              .join(rows, "envelope_id", "left")
-              .na.fill(0, ["c_n", "d_n", "u_n"]))
+    joined = outcome.join(rows, "envelope_id", "left")
     silent = (F.col("d_n") == 0) & (F.col("u_n") == 0)
     queued = (F.col("status") == "validated") & ~F.coalesce(F.col("delivered"), F.lit(True))
     pending = joined.where((F.col("c_n") == 1) & silent & queued)
@@ -139,19 +181,18 @@ def delivered_once(trail: DataFrame, envelopes: DataFrame) -> tuple[Found, DataF
                | (silent & ~queued))
     bad = joined.where(failing)
     ord_col = F.coalesce("c_id", "d_id", "u_id")
-    return (_found("delivered_once", created.select("envelope_id"),
+    return (_found("delivered_once", outcome.where(F.col("c_n") > 0).select("envelope_id"),
                   bad, ord_col, "envelope_id"),
             pending.select("envelope_id"))
 
 
-def channel_order(trail: DataFrame) -> Found:
+def channel_order(outcome: DataFrame) -> Found:
     """WACP §4 rule 4 / §5 "Channel ordering": in each channel (the chain of the creation,
     the sender's, and the chain of the delivery, the recipient's) the recipient-chain order
     of envelope_delivered equals the sender-chain order of envelope_created. Envelopes with
-    both entries are compared (a missing or second delivery is delivered_once's finding)."""
-    created = _per_envelope(trail, "envelope_created", "c")
-    delivered = _per_envelope(trail, "envelope_delivered", "d")
-    pairs = created.join(delivered, "envelope_id")
+    both entries are compared (a missing or second delivery is delivered_once's finding).
+    `outcome`: the trail's `outcomes`."""
+    pairs = outcome.where((F.col("c_n") > 0) & (F.col("d_n") > 0))
     channel = Window.partitionBy("c_chain", "d_chain")
     ranked = pairs.select(
         "envelope_id", "c_id",
@@ -259,21 +300,18 @@ def envelope_rows(trail: DataFrame, envelopes: DataFrame) -> Found:
     `agentpost._envelope_row(e, true)` shows it now, equals field by field the `row` its last
     lifecycle entry signed and the `row.fixed` of its creation entry."""
     with_id = trail.where(F.col("envelope_id").isNotNull())
-    last = (with_id.where(F.col("event").isin(*LIFECYCLE)).groupBy("envelope_id")
-            .agg(F.max_by("record", "id").alias("last_record")))
-    born = (with_id.where(F.col("event").isin(*BIRTH)).groupBy("envelope_id")
-            .agg(F.min_by("record", "id").alias("born_record")))
+    last = _signed_row(with_id.where(F.col("event").isin(*LIFECYCLE)), F.max("id"),
+                       _body("row"), "last_row")
+    born = _signed_row(with_id.where(F.col("event").isin(*BIRTH)), F.min("id"),
+                       F.get_json_object(_body("row"), "$.fixed"), "born_fixed")
     as_map = "map<string,string>"
-    rows = (envelopes.join(last.withColumnRenamed("envelope_id", "id"), "id", "left")
-            .join(born.withColumnRenamed("envelope_id", "id"), "id", "left")
+    rows = (envelopes.join(last, "id", "left").join(born, "id", "left")
             .select("id", "seq",
                     F.from_json("now", as_map).alias("now"),
                     F.from_json(F.get_json_object("now", "$.fixed"), as_map).alias("now_fixed"),
-                    F.map_filter(F.from_json(F.get_json_object("last_record", "$.body.row"),
-                                             as_map), lambda k, _v: k != "fixed")
+                    F.map_filter(F.from_json("last_row", as_map), lambda k, _v: k != "fixed")
                     .alias("signed"),
-                    F.from_json(F.get_json_object("born_record", "$.body.row.fixed"), as_map)
-                    .alias("signed_fixed")))
+                    F.from_json("born_fixed", as_map).alias("signed_fixed")))
     moving = rows.select("id", "seq", "now", F.explode("signed").alias("field", "value")) \
         .where(~F.col("now")[F.col("field")].eqNullSafe(F.col("value")))
     fixed = rows.select("id", "seq", "now_fixed",
@@ -282,6 +320,17 @@ def envelope_rows(trail: DataFrame, envelopes: DataFrame) -> Found:
     differing = moving.select("id", "seq").unionByName(fixed.select("id", "seq"))
     bad = differing.groupBy("id").agg(F.min("seq").alias("seq"))
     return _found("envelope_rows", envelopes.select("id"), bad, "seq", "id")
+
+
+def _signed_row(entries: DataFrame, pick: Column, value: Column, name: str) -> DataFrame:
+    """(id: the envelope's id, `name`: `value`) of the entry `pick` (min or max of id) picks
+    among each envelope's `entries`. The picked ids are found first (a hash aggregation of
+    two short columns) and their entries kept by a broadcast semi-join: only the picked
+    rows' signed text is shuffled, not every entry's (a max_by over strings is a sort
+    aggregation of them all)."""
+    picked = entries.groupBy("envelope_id").agg(pick.alias("id")).select("id")
+    return (entries.join(F.broadcast(picked), "id", "left_semi")
+            .select(F.col("envelope_id").alias("id"), value.alias(name)))
 
 
 def command_rows(trail: DataFrame, commands: DataFrame) -> Found:
@@ -300,11 +349,9 @@ def command_rows(trail: DataFrame, commands: DataFrame) -> Found:
 def route_rows(trail: DataFrame, routes: DataFrame) -> Found:
     """The `record_gaps` rule for routes: a route row is where the last route_progress entry
     of its envelope left it (same route id, index, end and phase)."""
-    schema = "body struct<id string, current int, `end` string, phase string>"
+    signed = F.struct(*[_body(name).alias(name) for name in ("id", "current", "end", "phase")])
     last = (trail.where(F.col("event") == "route_progress").groupBy("envelope_id")
-            .agg(F.max_by("record", "id").alias("record"), F.max("id").alias("last_id"))
-            .select("envelope_id", "last_id", F.from_json("record", schema)["body"]
-                    .alias("b")))
+            .agg(F.max_by(signed, "id").alias("b"), F.max("id").alias("last_id")))
     joined = routes.join(last, "envelope_id", "left")
     same = (F.col("b.id").eqNullSafe(F.col("id"))
             & F.col("b.current").eqNullSafe(F.col("current"))
@@ -317,12 +364,18 @@ def route_rows(trail: DataFrame, routes: DataFrame) -> Found:
 
 # -- rows the trail names (store/queries.sql: missing_rows; protocol/named_rows.py) --------
 
-def rows_exist(trail: DataFrame, present: DataFrame) -> Found:
-    """The `missing_rows` rule (WACP §3 Integrity): every row the entries name (by their
-    envelope_id, their chain, or a field of their body) is among `present` (kind, key, sub:
-    a saga step's name, else ''), but a rule whose last definition entry in the system
-    chain is rule_removed (remove_rule deletes its row). The report names `<kind> <id>`."""
-    named = _named(trail).groupBy("kind", "key", "sub").agg(F.min("id").alias("first_id"))
+def named_rows(trail: DataFrame) -> DataFrame:
+    """Every row the entries name, once: (kind, key, sub, first_id: the first entry naming
+    it). Kept by the audit while its checks run: rows_exist counts these and joins them."""
+    return _named(trail).groupBy("kind", "key", "sub").agg(F.min("id").alias("first_id"))
+
+
+def rows_exist(trail: DataFrame, named: DataFrame, present: DataFrame) -> Found:
+    """The `missing_rows` rule (WACP §3 Integrity): every row the entries name (`named`: the
+    trail's `named_rows`, by their envelope_id, their chain, or a field of their body) is
+    among `present` (kind, key, sub: a saga step's name, else ''), but a rule whose last
+    definition entry in the system chain is rule_removed (remove_rule deletes its row). The
+    report names `<kind> <id>`."""
     rules = trail.where((F.col("chain") == SYSTEM_CHAIN)
                         & F.col("event").isin("rule_defined", "rule_removed"))
     removed = (rules.groupBy(_body("id").alias("key"))
@@ -346,21 +399,21 @@ def _named(trail: DataFrame) -> DataFrame:
         kind = kind.when(F.col("chain").startswith(prefix), F.lit(None))
     kind = kind.otherwise(F.lit(nr.WORKSPACE))
     key = F.when(kind == nr.WORKSPACE, F.col("chain")).otherwise(_after_prefix())
-    parts = [_rows(trail.where(F.col("envelope_id").isNotNull()), F.lit(nr.ENVELOPE),
-                   F.col("envelope_id")),
-             _rows(chains, kind, key)]
     by_field: dict[tuple[str, str], list[str]] = {}
     for event, fields in nr.BODY_FIELDS.items():
         for row_kind, name in fields:
             by_field.setdefault((row_kind, name), []).append(event)
-    for (row_kind, name), events in by_field.items():
-        parts.append(_rows(trail.where(F.col("event").isin(*events)), F.lit(row_kind),
-                           _body(name)))
-    parts.append(_rows(trail.where(F.col("chain").startswith("saga:")), F.lit(nr.SAGA_STEP),
-                       _after_prefix(), _body(nr.STEP_FIELD)))
-    out = parts[0]
-    for part in parts[1:]:
-        out = out.unionByName(part)
+    per_entry = [(F.lit(nr.ENVELOPE), F.col("envelope_id"), F.lit("")),
+                 *[(F.lit(row_kind), F.when(F.col("event").isin(*events), _body(name)),
+                    F.lit("")) for (row_kind, name), events in by_field.items()],
+                 (F.lit(nr.SAGA_STEP), F.when(F.col("chain").startswith("saga:"),
+                                              _after_prefix()), _body(nr.STEP_FIELD))]
+    # one scan of the entries: each one's named rows as an array (those with a key), exploded
+    rows = F.array(*[F.struct(row_kind.alias("kind"), row_key.alias("key"), sub.alias("sub"))
+                     for row_kind, row_key, sub in per_entry])
+    named = trail.select("id", F.explode(F.filter(rows, lambda r: r["key"].isNotNull()))
+                         .alias("n")).select("n.*", "id")
+    out = _rows(chains, kind, key).unionByName(named)
     return out.where(F.col("kind").isNotNull() & F.col("key").isNotNull()
                      & F.col("sub").isNotNull())
 
