@@ -35,6 +35,33 @@ class Pair:
     standby_port: int
     standby_data: Path
 
+    def database(self, name: str) -> tuple[str, str]:
+        """A new, migrated database `name` on the primary; its DSN there and on the
+        standby."""
+        from agentpost.pg.migrations import migrate
+        from agentpost.pg.server import dsn_for_database
+
+        admin = psycopg2.connect(self.primary.dsn)
+        admin.autocommit = True
+        try:
+            with admin.cursor() as cur:
+                cur.execute(f"CREATE DATABASE {name}")
+        finally:
+            admin.close()
+        primary = dsn_for_database(self.primary.dsn, name)
+        migrate(primary)
+        return primary, dsn_for_database(self.standby_dsn, name)
+
+    def replay(self, run: bool) -> None:
+        """Pause (False) or resume (True) the standby's replay of what it receives."""
+        conn = psycopg2.connect(self.standby_dsn)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_wal_replay_resume()" if run
+                            else "SELECT pg_wal_replay_pause()")
+        finally:
+            conn.close()
+
     def caught_up(self, timeout: float = 60.0) -> None:
         """Wait until the standby has replayed everything the primary wrote so far (to the
         WAL insert position: an asynchronous commit, as agentpost's acks are by default, is

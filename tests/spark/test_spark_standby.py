@@ -13,8 +13,6 @@ from typing import Any
 import psycopg2
 import pytest
 
-from agentpost.pg.migrations import migrate
-from agentpost.pg.server import dsn_for_database
 from agentpost.spark.audit import main as audit_main
 from agentpost.spark.audit import run_audit
 from agentpost.spark.settings import SparkSettings
@@ -36,13 +34,7 @@ def pair() -> Iterator[Pair]:
 
 @pytest.fixture(scope="module")
 def dsns(pair: Pair) -> dict[str, str]:
-    admin = psycopg2.connect(pair.primary.dsn)
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {DB}")
-    admin.close()
-    primary = dsn_for_database(pair.primary.dsn, DB)
-    migrate(primary)
+    primary, standby = pair.database(DB)
     with EnvelopeStore(primary) as store:
         store.create_workspace("coordinator", workspace_id="boss")
         store.create_workspace("worker", parent="boss", workspace_id="w1")
@@ -51,16 +43,7 @@ def dsns(pair: Pair) -> dict[str, str]:
         (lease,) = store.lease("w1", max=1, ttl=60.0)
         store.ack(lease.token)
     pair.caught_up()
-    return {"primary": primary, "standby": dsn_for_database(pair.standby_dsn, DB)}
-
-
-def _replay(pair: Pair, run: bool) -> None:
-    conn = psycopg2.connect(pair.standby_dsn)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT pg_wal_replay_resume()" if run else "SELECT pg_wal_replay_pause()")
-    finally:
-        conn.close()
+    return {"primary": primary, "standby": standby}
 
 
 def _reports(dsn: str) -> int:
@@ -77,7 +60,7 @@ def test_the_audit_reads_the_standby_and_reports_to_the_primary(
         spark: Any, pair: Pair, dsns: dict[str, str]) -> None:
     with EnvelopeStore(dsns["primary"]) as store:
         before = store.verify_trail().entries
-        _replay(pair, run=False)
+        pair.replay(False)
         try:
             store.send("boss", "w1", "directive", "while the standby is paused")
             assert store.verify_trail().entries > before
@@ -87,7 +70,7 @@ def test_the_audit_reads_the_standby_and_reports_to_the_primary(
             assert report.ok, report.summary()
             assert report.entries == before  # the standby's cut, not the primary's
         finally:
-            _replay(pair, run=True)
+            pair.replay(True)
     pair.caught_up()
     saved = _reports(dsns["primary"])
     assert audit_main(["--dsn", dsns["primary"], "--read-dsn", dsns["standby"],

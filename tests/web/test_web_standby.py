@@ -11,12 +11,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg2
 import pytest
 
 from agentpost.cli import main
-from agentpost.pg.migrations import migrate
-from agentpost.pg.server import dsn_for_database
 from agentpost.smcl import CommandLedger
 from agentpost.standalone import port_open
 from agentpost.store import EnvelopeStore
@@ -38,13 +35,7 @@ def pair() -> Iterator[Pair]:
 
 @pytest.fixture(scope="module")
 def world(pair: Pair) -> Iterator[dict[str, Any]]:
-    admin = psycopg2.connect(pair.primary.dsn)
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {DB}")
-    admin.close()
-    primary = dsn_for_database(pair.primary.dsn, DB)
-    migrate(primary)
+    primary, standby = pair.database(DB)
     with EnvelopeStore(primary) as store:
         store.create_workspace("coordinator", workspace_id="sb-boss")
         store.create_workspace("worker", parent="sb-boss", workspace_id="sb-w1")
@@ -52,17 +43,8 @@ def world(pair: Pair) -> Iterator[dict[str, Any]]:
         with CommandLedger(store) as ledger:
             ledger.submit("sb-boss", "sb-k1", action="query", mutating=False)
         pair.caught_up()
-        yield {"primary": primary, "standby": dsn_for_database(pair.standby_dsn, DB),
+        yield {"primary": primary, "standby": standby,
                "store": store, "first": sent.envelope_id}
-
-
-def _replay(pair: Pair, run: bool) -> None:
-    conn = psycopg2.connect(pair.standby_dsn)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT pg_wal_replay_resume()" if run else "SELECT pg_wal_replay_pause()")
-    finally:
-        conn.close()
 
 
 def test_pages_read_the_standby_and_actions_reach_the_primary(pair: Pair,
@@ -76,7 +58,7 @@ def test_pages_read_the_standby_and_actions_reach_the_primary(pair: Pair,
             assert 'id="standby"' in shown.text and "caught up" in shown.text, path
         assert world["first"] in user.get("/agentpost/inboxes/sb-w1").text
 
-        _replay(pair, run=False)
+        pair.replay(False)
         try:
             later = store.send("sb-boss", "sb-w1", "directive", "second, while paused")
             time.sleep(1.2)  # the standby's lag is now over a second
@@ -101,7 +83,7 @@ def test_pages_read_the_standby_and_actions_reach_the_primary(pair: Pair,
             injected = re.match(r"/agentpost/envelopes/([^?]+)", done.headers["location"])[1]
             assert store.get(injected).originator == "user"
         finally:
-            _replay(pair, run=True)
+            pair.replay(True)
         pair.caught_up()
         shown = user.get("/agentpost/inboxes/sb-w1").text
         assert later.envelope_id in shown and "caught up" in shown
