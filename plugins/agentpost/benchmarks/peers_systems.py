@@ -24,6 +24,7 @@ import importlib.metadata
 import importlib.util
 import os
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Coroutine
 from datetime import timedelta
 from typing import Any, ClassVar, TypeVar
@@ -40,7 +41,7 @@ WORK = "work"
 VISIBILITY = 30  # seconds a read message stays invisible (pgmq) / a lease lives (agentpost)
 
 
-class System:
+class System(ABC):
     """The common shape. `module` is the importable name that says whether it is installed,
     `pip` the distribution to install (and whose version is printed)."""
 
@@ -67,23 +68,29 @@ class System:
         except importlib.metadata.PackageNotFoundError:
             return "(not installed)"
 
+    @abstractmethod
     def install(self) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def open(self) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def send_one(self, payload: str, to: str) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def send_batch(self, payloads: list[str], to: str) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def consume(self, batch: int) -> list[str]:
-        raise NotImplementedError
+        ...
 
     def listen(self) -> None:
         """Start LISTENing before the first check, so no notification falls in between."""
