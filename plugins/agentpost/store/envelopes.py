@@ -246,27 +246,25 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
                              "priority": priority, "meta": meta}, 0)
         if draft.problem is not None:
             return None
-        row = draft.row
-        res = self.db.scalar(QUERIES["send_checked"], {
-            "sender": row["sender"], "recipient": row["recipient"], "type": row["type"],
-            "format": row["format"], "content": row["content"],
-            "attachments": json.dumps(row["attachments"], ensure_ascii=False),
-            "in_reply_to": row["in_reply_to"], "priority": row["priority"],
-            "keys": row["keys"], "meta": json.dumps(row["meta"] or {}, ensure_ascii=False),
-            "timeout_ms": self._timeout_ms})
+        params = self._one_params(draft)
+        params["meta"] = json.dumps(draft.row["meta"] or {}, ensure_ascii=False)
+        res = self.db.scalar(QUERIES["send_checked"], params)
         return None if res is None else self._result(draft, res)
 
     def _send_one(self, draft: DraftRow) -> SendResult:
         """The common case: one well-formed draft carrying no rights, with scalar
         parameters (the server takes its four-statement path when it can)."""
-        row = draft.row
-        res = self.db.scalar(QUERIES["send_one"], {
-            "sender": row["sender"], "recipient": row["recipient"], "type": row["type"],
-            "format": row["format"], "content": row["content"],
-            "attachments": json.dumps(row["attachments"], ensure_ascii=False),
-            "in_reply_to": row["in_reply_to"], "priority": row["priority"],
-            "keys": row["keys"], "timeout_ms": self._timeout_ms})
+        res = self.db.scalar(QUERIES["send_one"], self._one_params(draft))
         return self._result(draft, res)
+
+    def _one_params(self, draft: DraftRow) -> dict[str, Any]:
+        """The scalar parameters of the one-envelope sends (`send_one`, `send_checked`)."""
+        row = draft.row
+        return {"sender": row["sender"], "recipient": row["recipient"], "type": row["type"],
+                "format": row["format"], "content": row["content"],
+                "attachments": json.dumps(row["attachments"], ensure_ascii=False),
+                "in_reply_to": row["in_reply_to"], "priority": row["priority"],
+                "keys": row["keys"], "timeout_ms": self._timeout_ms}
 
     def send_many(self, drafts: Iterable[Mapping[str, Any] | Any]) -> list[SendResult]:
         """Send many envelopes in one call: one durable commit for the lot, then delivery.
@@ -454,7 +452,9 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
 
     def trail(self, *, workspace_id: str | None = None, envelope_id: str | None = None,
               event: str | None = None, after: int = 0, limit: int = 10_000) -> list[TrailEvent]:
-        """Trail entries in the order they were written, filtered."""
+        """Trail entries in the order they were written, filtered. A workspace's are those
+        of its chain and of its consumer lanes (`lane:<k>:<workspace>`, where its inbox's
+        leases and acks go while another consumer holds its chain)."""
         _count(after, "after")
         _count(limit, "limit")
         params = {"chain": None if workspace_id is None else _ref(workspace_id, "workspace"),
