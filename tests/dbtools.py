@@ -10,7 +10,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import psycopg2
@@ -25,6 +25,22 @@ def connect(dsn: str, application_name: str = "agentpost-tests") -> Any:
     conn = psycopg2.connect(libpq_dsn(dsn), application_name=application_name)
     conn.autocommit = True
     return conn
+
+
+@contextmanager
+def inbox_held(dsn: str, workspace_id: str) -> Iterator[Any]:
+    """Another consumer in the middle of a lease or ack of `workspace_id`'s inbox: a
+    transaction holding the inbox's chain key shared (sql/0083), open until the block ends.
+    The store's own leases and acks meanwhile write on a consumer lane; whatever takes the
+    chain exclusively (a delivery, a blocking envelope's ack) waits."""
+    conn = psycopg2.connect(libpq_dsn(dsn), application_name="agentpost-tests")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT agentpost._lock_inbox_shared(%s)", (workspace_id,))
+        yield conn
+    finally:
+        conn.rollback()
+        conn.close()
 
 
 def rows(conn: Any, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:

@@ -29,7 +29,7 @@ from agentpost.spark.settings import SparkSettings
 from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
 from agentpost.store.routes import RouteStore
-from dbtools import create_database, drop_database, fresh_database, unique_db_name
+from dbtools import create_database, drop_database, fresh_database, inbox_held, unique_db_name
 
 #: Spark jobs over a seeded store: minutes for the module
 pytestmark = pytest.mark.slow
@@ -135,6 +135,15 @@ def _seed(store: EnvelopeStore, ids: dict[str, str]) -> None:
     store.transition(y, "active")
     (lease,) = store.lease("dup-b", max=1)
     store.ack(lease.token)
+    # a lease and its ack beside another consumer of the inbox: on a consumer lane
+    # (sql/0083), which lifecycle_entries counts as the inbox's and rows_exist names no row
+    x, y = _pair(store, "lane")
+    _send(store, x, y, "lane one")
+    with inbox_held(store.dsn, y):
+        (lease,) = store.lease(y, max=1)
+        store.ack(lease.token)
+    (acked,) = store.trail(envelope_id=lease.envelope_id, event="envelope_consumed")
+    assert acked.chain.startswith("lane:"), acked
     ids["gone_right"] = store.grant_right("gone-b", "gone-a", "gone-b", kind="send_once")
     ids["gone_workspace"] = store.create_workspace("agent", workspace_id="gone-ws").id
     ids["tail"] = store.create_workspace("agent", workspace_id="tail").id

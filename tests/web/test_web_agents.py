@@ -1,8 +1,8 @@
 """The agents page (issue 24, page part) on a real Airflow API app and tool calls made
 through real `AgentTools` seats: one run as an Airflow task instance (mapped, its run id
 with a UTC offset, as Airflow writes them), one over MCP. Every call must show on its
-seat's page in order, linked to the task instance that made it; an envelope an agent sent
-links back to its task."""
+seat's page in order, linked to the task instance that made it, also a lease and an ack
+recorded on a consumer lane; an envelope an agent sent links back to its task."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from agentpost.store import EnvelopeStore
 from agentpost.tools import AgentTools, RunInfo
 from agentpost.web.links import parse_af_ref, run_link
 from ai_support import SCOPES, agent
+from dbtools import inbox_held
 from web_support import Web, airflow_web
 
 RUN_ID = "manual__2026-11-27T10:00:00+00:00"
@@ -44,8 +45,13 @@ def calls(module_dsn: str) -> Iterator[dict[str, Any]]:
         w2 = AgentTools(store, workspace_id="w2", run=MCP)
         directive = boss.call("send_envelope", {"to": "w1", "type": "directive",
                                                 "content": "look into it"})
-        read = w1.call("read_inbox", {"limit": 5}, call_id="c1")
-        w1.call("ack", {"envelope_id": directive["envelope_id"]}, call_id="c2")
+        # another consumer of w1's inbox mid-lease: the read and the ack are recorded on
+        # one of its consumer lanes (sql/0083), which the page reads as w1's own
+        with inbox_held(module_dsn, "w1"):
+            read = w1.call("read_inbox", {"limit": 5}, call_id="c1")
+            w1.call("ack", {"envelope_id": directive["envelope_id"]}, call_id="c2")
+        assert {e.chain[:5] for e in store.trail(envelope_id=directive["envelope_id"])
+                if e.event in ("envelope_leased", "envelope_consumed")} == {"lane:"}
         query = w1.call("send_envelope", {"to": "boss", "type": "query",
                                           "content": {"q": "which?"}}, call_id="c3")
         command = w1.call("submit_command", {"key": "k1", "action": "query",

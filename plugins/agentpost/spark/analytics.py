@@ -363,11 +363,13 @@ def _agent_events(src: Sources) -> DataFrame:
     the copies that resolving a need writes in the need's agent's name)."""
     from pyspark.sql import functions as F
 
+    from agentpost.spark.audit_checks import lane_inbox_col
+
     e = src.entries
     ev = F.col("event")
     traffic = e.select(
         F.when(ev.isin("envelope_created", "envelope_rejected"), F.col("sender"))
-        .when(ev.isin("envelope_delivered", "envelope_consumed"), F.col("chain"))
+        .when(ev.isin("envelope_delivered", "envelope_consumed"), lane_inbox_col("chain"))
         .when(ev == "lease_nacked", F.coalesce("workspace", "chain")).alias("agent"),
         F.when(ev.isin("envelope_created", "envelope_rejected"), F.lit("sent"))
         .when(ev == "envelope_delivered", F.lit("received"))

@@ -16,7 +16,7 @@ from pyspark.sql import Column, Window
 from pyspark.sql import functions as F
 
 from agentpost.protocol import named_rows as nr
-from agentpost.protocol.chains import RESERVED_PREFIXES, SYSTEM_CHAIN
+from agentpost.protocol.chains import LANE_PREFIX, RESERVED_PREFIXES, SYSTEM_CHAIN
 from agentpost.protocol.commands import ALLOWED, CommandState
 from agentpost.protocol.trail import GENESIS, key_pads
 
@@ -272,7 +272,8 @@ def compensation_target(trail: DataFrame) -> Found:
 def lifecycle_entries(trail: DataFrame, envelopes: DataFrame) -> Found:
     """The `lifecycle_gaps` rule: a row whose state says an entry must exist in a chain (its
     creation in the sender's, its delivery and acknowledgment in the recipient's, ...) has
-    that entry; a row without it is what cutting the end off a chain leaves behind."""
+    that entry; a row without it is what cutting the end off a chain leaves behind. An
+    inbox's acknowledgments may be in its consumer lanes (sql/0083), counted as its own."""
     status = F.col("status")
     needs = [("envelope_created", "sender",
               status.isin("validated", "acknowledged", "undeliverable")),
@@ -289,10 +290,18 @@ def lifecycle_entries(trail: DataFrame, envelopes: DataFrame) -> Found:
             for event, party, cond in needs])).alias("need"))
     wanted = wanted.where("need.required").select("id", "seq", "need.event", "need.chain")
     present = (trail.where(F.col("envelope_id").isNotNull())
-               .select(F.col("envelope_id").alias("id"), "event", "chain").distinct())
+               .select(F.col("envelope_id").alias("id"), "event",
+                       lane_inbox_col("chain").alias("chain")).distinct())
     missing = wanted.join(present, ["id", "event", "chain"], "left_anti")
     bad = missing.groupBy("id").agg(F.min("seq").alias("seq"))
     return _found("lifecycle_entries", envelopes.select("id"), bad, "seq", "id")
+
+
+def lane_inbox_col(chain: str) -> Column:
+    """`agentpost.lane_inbox` in Spark: a consumer lane's inbox, else the chain itself."""
+    col = F.col(chain)
+    return F.when(col.startswith(LANE_PREFIX),
+                  F.regexp_replace(col, "^lane:[0-9]+:", "")).otherwise(col)
 
 
 def envelope_rows(trail: DataFrame, envelopes: DataFrame) -> Found:

@@ -3,7 +3,9 @@
 Each method is one server-side function (sql/0005_leases.sql), so one transaction: a lease
 claims rows with FOR UPDATE SKIP LOCKED and records `envelope_leased` in the inbox's chain;
 an ack consumes; a nack or an expiry returns the envelope to the tail of its priority level
-and counts a redelivery; the fourth return dead-letters it.
+and counts a redelivery; the fourth return dead-letters it. Leases and acks of one inbox run
+side by side: beside another consumer they record on one of the inbox's consumer lanes
+(sql/0083_consumer_lanes.sql, docs/design.md "Consumer lanes").
 """
 
 from __future__ import annotations

@@ -81,9 +81,11 @@ SELECT s.id IS NOT NULL,
   LEFT JOIN agentpost.workspaces t ON t.id = %(to)s
 
 -- name: trail
+-- A workspace's entries are its chain's and its consumer lanes' (sql/0083).
 SELECT id, chain, chain_seq, event, envelope_id, at, record
   FROM agentpost.trail
- WHERE (%(chain)s::text IS NULL OR chain = %(chain)s)
+ WHERE (%(chain)s::text IS NULL
+        OR chain = ANY (ARRAY[%(chain)s::text] || agentpost.consumer_lanes(%(chain)s)))
    AND (%(envelope_id)s::text IS NULL OR envelope_id = %(envelope_id)s)
    AND (%(event)s::text IS NULL OR event = %(event)s)
    AND id > %(after)s
@@ -114,6 +116,7 @@ SELECT t.id, t.chain, t.chain_seq, t.event, t.envelope_id,
 -- Rows whose state says a trail entry must exist in a given chain when it does not: what
 -- cutting the end off a chain would leave behind. The parameter envelopes NULL: every
 -- envelope; else only these (verification since a checkpoint: those its new entries name).
+-- An inbox's consumed entries may be in one of its consumer lanes (sql/0083).
 SELECT x.chain, e.id, e.status, x.event
   FROM agentpost.envelopes e
  CROSS JOIN LATERAL (VALUES
@@ -127,7 +130,8 @@ SELECT x.chain, e.id, e.status, x.event
  WHERE x.required
    AND (%(envelopes)s::text[] IS NULL OR e.id = ANY (%(envelopes)s::text[]))
    AND NOT EXISTS (SELECT 1 FROM agentpost.trail t
-                    WHERE t.envelope_id = e.id AND t.event = x.event AND t.chain = x.chain)
+                    WHERE t.envelope_id = e.id AND t.event = x.event
+                      AND agentpost.lane_inbox(t.chain) = x.chain)
  ORDER BY e.seq
  LIMIT 100
 

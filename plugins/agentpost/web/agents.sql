@@ -13,14 +13,19 @@ SELECT w.id
 -- name: calls
 -- kind, at, sort key, tool, envelope id, command id, type or action, to, the run (the
 -- recorded RunInfo, or the lease holder), state, mark id and its space, newest first. Envelopes, leases and acks
--- are looked for among the last %(window)s entries of the seat's chain (every envelope it
--- sent or received adds some), commands among its last %(scan)s.
-WITH recent AS MATERIALIZED (  -- the chain's last %(window)s entries: a bounded walk
-    SELECT t.id, t.chain_seq, t.at, t.event, t.envelope_id, t.record
-      FROM agentpost.trail t
-     WHERE t.chain = %(ws)s
-     ORDER BY t.chain_seq DESC
-     LIMIT %(window)s
+-- are looked for among the last %(window)s entries of the seat's chain and of each of its
+-- consumer lanes (every envelope it sent or received adds some), commands among its last
+-- %(scan)s.
+WITH recent AS MATERIALIZED (  -- the last %(window)s entries of the chain and of each of
+    -- its consumer lanes (sql/0083: leases and acks made while another consumer held the
+    -- chain): a bounded walk of each
+    SELECT l.*
+      FROM unnest(ARRAY[%(ws)s::text] || agentpost.consumer_lanes(%(ws)s)) AS c(chain)
+     CROSS JOIN LATERAL (SELECT t.id, t.chain_seq, t.at, t.event, t.envelope_id, t.record
+                           FROM agentpost.trail t
+                          WHERE t.chain = c.chain
+                          ORDER BY t.chain_seq DESC
+                          LIMIT %(window)s) l
 )
 SELECT * FROM (
     SELECT 'envelope' AS kind, s.at, lpad(s.id::text, 20, '0') AS key,
@@ -33,7 +38,7 @@ SELECT * FROM (
              WHERE t.event = 'envelope_created'
                AND EXISTS (SELECT 1 FROM agentpost.envelopes x
                             WHERE x.id = t.envelope_id AND x.meta ? 'tool_call')
-             ORDER BY t.chain_seq DESC
+             ORDER BY t.id DESC
              LIMIT %(limit)s) s
       JOIN agentpost.envelopes e ON e.id = s.envelope_id
     UNION ALL
@@ -47,7 +52,7 @@ SELECT * FROM (
              WHERE (t.event = 'envelope_leased'
                     OR (t.event = 'envelope_consumed'
                         AND t.record::jsonb -> 'body' ->> 'via' = 'ack'))
-             ORDER BY t.chain_seq DESC
+             ORDER BY t.id DESC
              LIMIT %(limit)s) s
       LEFT JOIN agentpost.envelopes e ON e.id = s.envelope_id
     UNION ALL
