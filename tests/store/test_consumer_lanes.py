@@ -130,9 +130,12 @@ def test_wacp_6_a_delivery_waits_for_the_consumers(store: EnvelopeStore, dsn: st
         assert result.status is Status.VALIDATED
     assert query(dsn, "SELECT count(*) FROM agentpost.trail WHERE envelope_id = %s"
                       " AND event = 'envelope_delivered'", (result.envelope_id,)) == [(0,)]
-    _until(lambda: store.redeliver() is not None
-           and store.get(result.envelope_id).status is Status.ACKNOWLEDGED,
-           "the send was never delivered once the consumer let go")
+
+    def delivered() -> bool:  # the delivery is retried once the consumer lets go
+        store.redeliver()
+        return store.get(result.envelope_id).status is Status.ACKNOWLEDGED
+
+    _until(delivered, "the send was never delivered once the consumer let go")
     assert store.verify_trail().ok
 
 

@@ -17,6 +17,8 @@ SYSTEM_CHAIN = "system"
 RESERVED_PREFIXES = ("human:", "command:", "saga:", "rule:", "lane:")
 #: the prefix of an inbox's consumer lanes, `lane:<k>:<inbox>`
 LANE_PREFIX = "lane:"
+#: what a lane's name holds before its inbox's (`agentpost.lane_inbox` strips the same)
+LANE_PATTERN = r"^lane:[0-9]+:"
 
 
 def reserved_chain(name: str) -> bool:

@@ -16,7 +16,7 @@ from pyspark.sql import Column, Window
 from pyspark.sql import functions as F
 
 from agentpost.protocol import named_rows as nr
-from agentpost.protocol.chains import LANE_PREFIX, RESERVED_PREFIXES, SYSTEM_CHAIN
+from agentpost.protocol.chains import LANE_PATTERN, RESERVED_PREFIXES, SYSTEM_CHAIN
 from agentpost.protocol.commands import ALLOWED, CommandState
 from agentpost.protocol.trail import GENESIS, key_pads
 
@@ -298,10 +298,9 @@ def lifecycle_entries(trail: DataFrame, envelopes: DataFrame) -> Found:
 
 
 def lane_inbox_col(chain: str) -> Column:
-    """`agentpost.lane_inbox` in Spark: a consumer lane's inbox, else the chain itself."""
-    col = F.col(chain)
-    return F.when(col.startswith(LANE_PREFIX),
-                  F.regexp_replace(col, "^lane:[0-9]+:", "")).otherwise(col)
+    """`agentpost.lane_inbox` in Spark: a consumer lane's inbox, else the chain itself (the
+    pattern is anchored, so any other name is left as it is)."""
+    return F.regexp_replace(F.col(chain), LANE_PATTERN, "")
 
 
 def envelope_rows(trail: DataFrame, envelopes: DataFrame) -> Found:
