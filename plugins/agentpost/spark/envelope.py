@@ -11,7 +11,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentpost.marks import envelope as ms_envelope
 from agentpost.marks.guard import SYSTEM_AGENT_ID
-from agentpost.spark.session import literal_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -54,7 +53,6 @@ def envelope_verdicts(src: Sources, events: DataFrame, rule: EnvelopeRule) -> Da
     concentration (`concentration` or more agents wrote marks to one (scope, topic) in the
     bucket). anomaly_score: the largest observed/threshold ratio of a ready bucket;
     anomaly: any finding; anomaly_reason: the largest finding, set exactly when anomaly."""
-    from pyspark.sql import Window as W
     from pyspark.sql import functions as F
 
     bucket_us = rule.bucket_seconds * 1e6
@@ -63,24 +61,12 @@ def envelope_verdicts(src: Sources, events: DataFrame, rule: EnvelopeRule) -> Da
                            & ~F.col("agent").isin(*EXEMPT_AGENTS))
               .withColumn("bucket", F.floor((F.col("at_us") - src.start_us) / bucket_us)
                           .cast("int")))
-    counts = judged.groupBy("agent", "bucket", "kind").agg(F.count("*").alias("c"))
+    counts = judged.groupBy("agent", "bucket", "kind").agg(F.count("*").cast("double")
+                                                          .alias("c"))
     first = judged.groupBy("agent").agg(F.min("bucket").alias("first"))
-    grid = (first.select("agent", "first",
-                         F.explode(F.sequence("first", F.lit(last))).alias("bucket"))
-            .crossJoin(_kinds(src))
-            .join(counts, ["agent", "bucket", "kind"], "left")
-            .withColumn("c", F.coalesce("c", F.lit(0)).cast("double")))
-    before = W.partitionBy("agent", "kind").orderBy("bucket").rowsBetween(
-        W.unboundedPreceding, -1)
-    stats = src.keep(grid.withColumn("mean", F.coalesce(F.avg("c").over(before), F.lit(0.0)))
-             .withColumn("sd", F.coalesce(F.stddev_samp("c").over(before), F.lit(0.0)))
-             .withColumn("prev", F.coalesce(F.lag("c").over(
-                 W.partitionBy("agent", "kind").orderBy("bucket")), F.lit(0.0)))
-             .withColumn("ready", (F.col("bucket") - F.col("first")) >= rule.min_samples)
-             .withColumn("limit", F.col("mean") + rule.k * F.greatest(
-                 F.col("sd"), F.lit(rule.std_floor))))
+    stats = src.keep(_running(counts.join(first, "agent"), rule))
     findings = (_rate_findings(stats).unionByName(_shift_findings(stats, rule))
-                .unionByName(_concentration_findings(src, stats, rule, bucket_us)))
+                .unionByName(_concentration_findings(src, first, rule, bucket_us, last)))
     flagged = F.col("flag")
     return findings.groupBy("agent").agg(
         F.max("ratio").alias("score"), F.max(flagged.cast("int")).alias("any"),
@@ -92,8 +78,35 @@ def envelope_verdicts(src: Sources, events: DataFrame, rule: EnvelopeRule) -> Da
             F.col("worst.bucket"), F.lit(rule.bucket_seconds))).alias("anomaly_reason"))
 
 
-def _kinds(src: Sources) -> DataFrame:
-    return literal_rows(src.snap.spark, [(k,) for k in ENVELOPE_KINDS], {"kind": "string"})
+def _running(counts: DataFrame, rule: EnvelopeRule) -> DataFrame:
+    """Per (agent, bucket, kind) with a count `c` > 0: the mean and sample deviation of the
+    kind's counts over the agent's earlier buckets (from its first; idle ones are zeros),
+    from running sums over the agent's active buckets only: n = bucket - first earlier
+    buckets, of which the active ones carry the sums (s1 of counts, s2 of squares), so
+    mean = s1 / n and variance = (n s2 - s1^2) / (n (n - 1)). `prev`: the kind's count in
+    the bucket before (0 when idle); `written`: every judged kind's writes of the agent in
+    the earlier buckets (what the mean mix of a type shift divides by)."""
+    from pyspark.sql import Window as W
+    from pyspark.sql import functions as F
+
+    per_kind = W.partitionBy("agent", "kind").orderBy("bucket")
+    before = per_kind.rowsBetween(W.unboundedPreceding, -1)
+    per_agent = W.partitionBy("agent").orderBy("bucket").rangeBetween(W.unboundedPreceding, -1)
+    n = F.col("n")
+    s1, s2 = F.col("s1"), F.col("s2")
+    variance = F.greatest(F.lit(0.0), (n * s2 - s1 * s1) / (n * (n - 1)))
+    return (counts.withColumn("n", (F.col("bucket") - F.col("first")).cast("double"))
+            .withColumn("s1", F.coalesce(F.sum("c").over(before), F.lit(0.0)))
+            .withColumn("s2", F.coalesce(F.sum(F.col("c") * F.col("c")).over(before),
+                                         F.lit(0.0)))
+            .withColumn("prev", F.when(F.lag("bucket").over(per_kind) == F.col("bucket") - 1,
+                                       F.lag("c").over(per_kind)).otherwise(F.lit(0.0)))
+            .withColumn("written", F.coalesce(F.sum("c").over(per_agent), F.lit(0.0)))
+            .withColumn("mean", F.when(n > 0, s1 / n).otherwise(F.lit(0.0)))
+            .withColumn("sd", F.when(n > 1, F.sqrt(variance)).otherwise(F.lit(0.0)))
+            .withColumn("ready", n >= rule.min_samples)
+            .withColumn("limit", F.col("mean") + rule.k * F.greatest(
+                F.col("sd"), F.lit(rule.std_floor))))
 
 
 def _rate_findings(stats: DataFrame) -> DataFrame:
@@ -117,19 +130,23 @@ def _rate_findings(stats: DataFrame) -> DataFrame:
 def _shift_findings(stats: DataFrame, rule: EnvelopeRule) -> DataFrame:
     """Type shift (per agent and bucket): the total variation distance between the bucket's
     mix of kinds and the mean mix of the agent's earlier buckets; ratio = distance /
-    threshold, flagged above 1 when the bucket has `type_shift_min` writes."""
+    threshold, flagged above 1 when the bucket has `type_shift_min` writes. A kind's share
+    of the mean mix is its mean over the sum of the means, s1 / written (the n cancels). The
+    kinds idle in the bucket (no row) each differ by their whole share, so the distance is
+    half of: the active kinds' |share here - share before| + 1 - their shares before."""
     from pyspark.sql import Window as W
     from pyspark.sql import functions as F
 
     per_bucket = W.partitionBy("agent", "bucket")
     mix = (stats.where("ready")
            .withColumn("total", F.sum("c").over(per_bucket))
-           .withColumn("history", F.sum("mean").over(per_bucket))
-           .where((F.col("total") >= rule.type_shift_min) & (F.col("history") > 0))
-           .withColumn("dev", F.col("c") / F.col("total") - F.col("mean") / F.col("history")))
+           .where((F.col("total") >= rule.type_shift_min) & (F.col("written") > 0))
+           .withColumn("before", F.col("s1") / F.col("written"))
+           .withColumn("dev", F.col("c") / F.col("total") - F.col("before")))
     grown = F.max(F.struct("dev", "kind")).getField("kind")
     shifted = mix.groupBy("agent", "bucket").agg(
-        (0.5 * F.sum(F.abs("dev"))).alias("distance"), grown.alias("toward"))
+        (0.5 * (F.sum(F.abs("dev")) + 1.0 - F.sum("before"))).alias("distance"),
+        grown.alias("toward"))
     return shifted.select(
         "agent", "bucket", (F.col("distance") / rule.type_shift_threshold).alias("ratio"),
         (F.col("distance") > rule.type_shift_threshold).alias("flag"),
@@ -137,11 +154,11 @@ def _shift_findings(stats: DataFrame, rule: EnvelopeRule) -> DataFrame:
                         "distance", F.lit(rule.type_shift_threshold)).alias("reason"))
 
 
-def _concentration_findings(src: Sources, stats: DataFrame, rule: EnvelopeRule,
-                            bucket_us: float) -> DataFrame:
+def _concentration_findings(src: Sources, first: DataFrame, rule: EnvelopeRule,
+                            bucket_us: float, last: int) -> DataFrame:
     """Concentration (across agents): `concentration` or more agents wrote marks to one
-    (space, scope, topic) in a bucket; each of them is flagged (once ready); ratio =
-    writers / that number."""
+    (space, scope, topic) in a bucket; each of them is flagged (once ready: `min_samples`
+    buckets after its first, within the window); ratio = writers / that number."""
     from pyspark.sql import functions as F
 
     topical = (src.marks.where(F.col("topic").isNotNull()
@@ -150,10 +167,11 @@ def _concentration_findings(src: Sources, stats: DataFrame, rule: EnvelopeRule,
                    (F.col("created_at") * 1e6 - src.start_us) / bucket_us).cast("int")))
     crowds = topical.groupBy("bucket", "space", "scope", "topic").agg(
         F.countDistinct("agent").alias("writers")).where(F.col("writers") >= rule.concentration)
-    ready = stats.where("ready").select("agent", "bucket").distinct()
     return (topical.select("agent", "bucket", "space", "scope", "topic").distinct()
             .join(crowds, ["bucket", "space", "scope", "topic"])
-            .join(ready, ["agent", "bucket"])
+            .join(first, "agent")
+            .where((F.col("bucket") - F.col("first") >= rule.min_samples)
+                   & (F.col("bucket") <= last))
             .select("agent", "bucket",
                     (F.col("writers") / F.lit(float(rule.concentration))).alias("ratio"),
                     F.lit(True).alias("flag"),
