@@ -53,11 +53,14 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "analytics_agent_activity": ("agent", "sent", "received", "acked", "nacked", "marks",
                                  "commands", "anomaly", "anomaly_score", "anomaly_reason"),
 }
-#: what the trail entries' bodies hold that the job reads (one JSON parse per entry)
+#: the events the tables are computed from (the job reads no other entries)
+EVENTS = ("envelope_created", "envelope_rejected", "envelope_delivered", "envelope_consumed",
+          "lease_nacked", "lease_expired", "envelope_redelivered", "envelope_delivery_failed",
+          "envelope_undeliverable")
+#: what the entries' bodies hold that the job reads (one JSON parse per entry)
 _BODY = ("STRUCT<`body`: STRUCT<`from`: STRING, `to`: STRING, `workspace_id`: STRING, "
          "`reason`: STRING, `dead_lettered`: BOOLEAN, `next_attempt_at`: STRING, "
-         "`row`: STRUCT<`delivered_at_us`: BIGINT>>>")
-
+         "`row`: STRUCT<`delivered_at_us`: BIGINT, `fixed`: STRUCT<`created_at_us`: BIGINT>>>>")
 
 class Options(BaseModel):
     """What the job is told besides the window: the scopes' conflict policies (the mark
@@ -77,8 +80,8 @@ def run_analytics(spark: SparkSession, settings: SparkSettings, window: Window,
     with Snapshot(spark, settings) as snap:
         src = Sources(snap, window)
         try:
-            source_rows = src.entries.count()
-            with sized_shuffles(spark, source_rows, settings):
+            source_rows = snap.trail_count(start=window.start, end=window.end)
+            with sized_shuffles(spark, src.entries.count(), settings):
                 tables = _tables(src, options)
         finally:
             src.release()
@@ -98,7 +101,7 @@ class Sources:
                   "start_s": window.start.timestamp(), "end_s": window.end.timestamp()}
         self.start_us = _micros(window.start)
         self.end_us = _micros(window.end)
-        self.entries = self.keep(_parse(snap.trail(start=window.start, end=window.end)))
+        self.entries = self.keep(_entries(snap, window))
         self.creations = self._read("creations", params, "id")
         self.commands = self._read("commands", params)
         self.marks = self._read("marks", params, "seq")
@@ -130,18 +133,33 @@ def _micros(at: datetime) -> int:
     return round(at.timestamp() * 1_000_000)
 
 
-def _parse(trail: DataFrame) -> DataFrame:
-    """The entries with the body fields the job reads, parsed once."""
+def _entries(snap: Snapshot, window: Window) -> DataFrame:
+    """The window's entries of EVENTS (the filter goes to Postgres with the read) with the
+    body fields the job reads, parsed once."""
     from pyspark.sql import functions as F
 
-    b = F.from_json("record", _BODY).getField("body")
+    trail = snap.trail(start=window.start, end=window.end)
+    trail = trail.where(F.col("event").isin(*EVENTS))
+    b = _body("record")
     return trail.select(
         "id", "chain", "event", "envelope_id", "at_us",
         b.getField("from").alias("sender"), b.getField("to").alias("recipient"),
         b.getField("workspace_id").alias("workspace"), b.getField("reason").alias("reason"),
         F.coalesce(b.getField("dead_lettered"), F.lit(False)).alias("dead_lettered"),
         b.getField("next_attempt_at").alias("next_attempt_at"),
-        b.getField("row").getField("delivered_at_us").alias("delivered_us"))
+        b.getField("row").getField("delivered_at_us").alias("delivered_us"),
+        _created_us(b))
+
+
+def _body(record: str) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.from_json(record, _BODY).getField("body")
+
+
+def _created_us(body: Column) -> Column:
+    """A creation entry's signed created_at_us."""
+    return body.getField("row").getField("fixed").getField("created_at_us").alias("created_us")
 
 
 def _tables(src: Sources, options: Options) -> list[TableRows]:
@@ -169,10 +187,9 @@ def _latencies(src: Sources) -> DataFrame:
     delivered_at_us)."""
     from pyspark.sql import functions as F
 
-    created = src.creations.select(
-        "envelope_id",
-        F.get_json_object("record", "$.body.row.fixed.created_at_us").cast("long")
-        .alias("created_us"))
+    born = F.col("event") == "envelope_created"
+    earlier = src.creations.select("envelope_id", _created_us(_body("record")))
+    created = src.entries.where(born).select("envelope_id", "created_us").unionByName(earlier)
     delivered = src.entries.where(F.col("event") == "envelope_delivered").select(
         "envelope_id", F.coalesce("recipient", "chain").alias("inbox"), "sender",
         "delivered_us")

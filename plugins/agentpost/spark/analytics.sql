@@ -4,12 +4,14 @@
 -- %(end_s)s (the same instants in epoch seconds, the mark space's clock).
 
 -- name: creations
--- The creation entries of the envelopes delivered in the window, wherever they are (an
--- envelope delivered now may have been created in an earlier window): their signed rows
--- carry created_at_us. By the trail_envelope index.
+-- The creation entries, outside the window, of the envelopes delivered in it (an envelope
+-- delivered now may have been created in an earlier window; those created in it are among
+-- the window's own entries): their signed rows carry created_at_us. By the trail_envelope
+-- index.
 SELECT c.id, c.envelope_id, c.record
   FROM agentpost.trail c
  WHERE c.event = 'envelope_created'
+   AND (c.at < %(start)s OR c.at >= %(end)s)
    AND c.envelope_id IN (SELECT d.envelope_id FROM agentpost.trail d
                           WHERE d.event = 'envelope_delivered'
                             AND d.at >= %(start)s AND d.at < %(end)s)

@@ -123,22 +123,42 @@ class Snapshot:
     def trail(self, *, start: datetime | None = None, end: datetime | None = None) -> DataFrame:
         """Trail entries (TRAIL_COLUMNS), of [start, end) when given: those exported to
         Parquet read from there, the rest from Postgres in id-range partitions."""
-        exported = archive.load(self.settings.archive) if self.settings.archive else None
+        upto, old = self._exported(start, end)
         lo, hi = self.trail_bounds(start, end)
         where, params = _window_filter(start, end)
-        upto = exported.upto_id if exported is not None else 0
         live_sql = TRAIL_SELECT + _and(where, f"id > {int(upto)}")
         live_sql = self._literal(live_sql, params)
         live = self.table(live_sql, partition_column="id",
                           bounds=(max(lo, upto + 1), max(hi, upto + 1)))
-        if exported is None or not exported.batches:
+        if old is None:
             return live
+        return old.select(*TRAIL_COLUMNS).unionByName(live.select(*TRAIL_COLUMNS))
+
+    def trail_count(self, *, start: datetime | None = None,
+                    end: datetime | None = None) -> int:
+        """How many trail entries [start, end) holds in the snapshot, exported ones included
+        (a count in Postgres, not a read of the entries)."""
+        upto, old = self._exported(start, end)
+        where, params = _window_filter(start, end)
+        live = self.query("SELECT count(*) FROM agentpost.trail"
+                          + _and(where, f"id > {int(upto)}"), params)[0][0]
+        return live + (old.count() if old is not None else 0)
+
+    def _exported(self, start: datetime | None, end: datetime | None
+                  ) -> tuple[int, DataFrame | None]:
+        """The highest id exported to Parquet (0: none) and the exported entries of
+        [start, end) (None: nothing exported)."""
+        exported = archive.load(self.settings.archive) if self.settings.archive else None
+        if exported is None:
+            return 0, None
+        if not exported.batches:
+            return exported.upto_id, None
         old = exported.read(self.spark)
         if start is not None:
             old = old.where(old["at"] >= start)
         if end is not None:
             old = old.where(old["at"] < end)
-        return old.select(*TRAIL_COLUMNS).unionByName(live.select(*TRAIL_COLUMNS))
+        return exported.upto_id, old
 
     def _literal(self, sql: str, params: dict[str, Any]) -> str:
         """`sql` with its parameters bound (JDBC sources take SQL text, not parameters)."""
