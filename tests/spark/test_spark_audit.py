@@ -119,7 +119,7 @@ def _seed(store: EnvelopeStore, ids: dict[str, str]) -> None:
     ((lease, env),) = routes.receive("prep")
     routes.complete("prep", lease, env, {"prepped": True})
     # one pair of workspaces per tamper, so each tamper has chains and rows of its own
-    for name in ("dup", "sig", "row", "hash", "del", "gone"):
+    for name in ("dup", "sig", "row", "hash", "del", "gone", "json"):
         x, y = _pair(store, name)
         ids[f"{name}-1"] = _send(store, x, y, f"{name} one")
         ids[f"{name}-2"] = _send(store, x, y, f"{name} two")
@@ -246,6 +246,18 @@ def _sign(cur: Any, chain: str) -> None:
         prev = digest
 
 
+def _wrap_in_array(dsn: str, chain: str, entry_id: int) -> None:
+    """The record of `entry_id` made `[record]`, and `chain` signed again."""
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute("UPDATE agentpost.trail SET record = '[' || record || ']' WHERE id = %s",
+                        (entry_id,))
+            _sign(cur, chain)
+    finally:
+        conn.close()
+
+
 def _append(dsn: str, chain: str, record: dict[str, Any]) -> int:
     """A copy of `record` appended to `chain`, signed with the trail key; its entry id."""
     head = _entries(dsn, chain)[-1]
@@ -317,6 +329,11 @@ def _tamper_all(dsn: str, ids: dict[str, str]) -> dict[str, dict[str, set[str]]]
               " repeat('0', 64) || '\"') WHERE id = %s", (created["id"],))
     expected["payload digest"] = {"entry_hash": {str(created["id"])},
                                   "envelope_rows": {ids["hash-1"]}}
+    # a record made a JSON array around the object it was, its chain signed again: every
+    # hash, link and signature holds, but the record is no entry (its fields are not read)
+    wrapped = _find(dsn, "json-a", "envelope_created", ids["json-2"])
+    _wrap_in_array(dsn, "json-a", wrapped["id"])
+    expected["array record"] = {"entry_columns": {str(wrapped["id"])}}
     # an entry deleted: del-1's delivery, in the middle of del-b's chain
     gone = _find(dsn, "del-b", "envelope_delivered", ids["del-1"])
     after = next(e for e in _entries(dsn, "del-b") if e["seq"] == gone["seq"] + 1)
@@ -402,6 +419,14 @@ def test_wacp_3_integrity_an_edited_payload_digest_fails_entry_hash(tampered: Ta
     """WACP §3 Integrity: a record edited in place (its payload digest) no longer hashes to
     its stored hash: entry_hash names the entry, and the row check the envelope."""
     _assert_named(tampered, "payload digest")
+
+
+def test_wacp_3_integrity_a_record_that_is_no_object_fails_entry_columns(
+        tampered: Tampered) -> None:
+    """WACP §3 Integrity: a record wrapped in a JSON array, hashed and signed again by someone
+    holding the key: its hash and signature hold, and entry_columns names the entry (its
+    fields, read as an object's, no longer match the columns)."""
+    _assert_named(tampered, "array record")
 
 
 def test_wacp_3_integrity_a_deleted_entry_breaks_the_chain_and_the_rows(
