@@ -308,19 +308,16 @@ def envelope_rows(trail: DataFrame, envelopes: DataFrame) -> Found:
     """The `envelope_gaps` rule (WACP §3 Integrity): each envelope row, as
     `agentpost._envelope_row(e, true)` shows it now, equals field by field the `row` its last
     lifecycle entry signed and the `row.fixed` of its creation entry."""
-    with_id = trail.where(F.col("envelope_id").isNotNull())
-    last = _signed_row(with_id.where(F.col("event").isin(*LIFECYCLE)), F.max("id"),
-                       _body("row"), "last_row")
-    born = _signed_row(with_id.where(F.col("event").isin(*BIRTH)), F.min("id"),
-                       F.get_json_object(_body("row"), "$.fixed"), "born_fixed")
+    signed = _signed_rows(trail)
     as_map = "map<string,string>"
-    rows = (envelopes.join(last, "id", "left").join(born, "id", "left")
-            .select("id", "seq",
-                    F.from_json("now", as_map).alias("now"),
-                    F.from_json(F.get_json_object("now", "$.fixed"), as_map).alias("now_fixed"),
+    now = F.from_json("now", as_map)
+    rows = (envelopes.join(signed, "id", "left")
+            .select("id", "seq", now.alias("now"),
+                    F.from_json(now["fixed"], as_map).alias("now_fixed"),
                     F.map_filter(F.from_json("last_row", as_map), lambda k, _v: k != "fixed")
                     .alias("signed"),
-                    F.from_json("born_fixed", as_map).alias("signed_fixed")))
+                    F.from_json(F.from_json("born_row", as_map)["fixed"], as_map)
+                    .alias("signed_fixed")))
     moving = rows.select("id", "seq", "now", F.explode("signed").alias("field", "value")) \
         .where(~F.col("now")[F.col("field")].eqNullSafe(F.col("value")))
     fixed = rows.select("id", "seq", "now_fixed",
@@ -331,15 +328,23 @@ def envelope_rows(trail: DataFrame, envelopes: DataFrame) -> Found:
     return _found("envelope_rows", envelopes.select("id"), bad, "seq", "id")
 
 
-def _signed_row(entries: DataFrame, pick: Column, value: Column, name: str) -> DataFrame:
-    """(id: the envelope's id, `name`: `value`) of the entry `pick` (min or max of id) picks
-    among each envelope's `entries`. The picked ids are found first (a hash aggregation of
-    two short columns) and their entries kept by a broadcast semi-join: only the picked
-    rows' signed text is shuffled, not every entry's (a max_by over strings is a sort
-    aggregation of them all)."""
-    picked = entries.groupBy("envelope_id").agg(pick.alias("id")).select("id")
-    return (entries.join(F.broadcast(picked), "id", "left_semi")
-            .select(F.col("envelope_id").alias("id"), value.alias(name)))
+def _signed_rows(trail: DataFrame) -> DataFrame:
+    """(id: an envelope's id, last_row: the row its last lifecycle entry signed, born_row:
+    the row its first creation entry signed). The two entries' ids are found in one hash
+    aggregation of short columns, and only those entries' signed text is kept (a broadcast
+    semi-join) and paired up: a max_by over every lifecycle entry's text would be a sort
+    aggregation of them all."""
+    lifecycle = trail.where(F.col("envelope_id").isNotNull()
+                            & F.col("event").isin(*LIFECYCLE))
+    birth_id = F.when(F.col("event").isin(*BIRTH), F.col("id"))
+    picked = (lifecycle.groupBy("envelope_id")
+              .agg(F.max("id").alias("last_id"), F.min(birth_id).alias("born_id"))
+              .select(F.explode(F.array("last_id", "born_id")).alias("id"))
+              .where(F.col("id").isNotNull()))
+    kept = lifecycle.join(F.broadcast(picked.distinct()), "id", "left_semi")
+    return kept.groupBy(F.col("envelope_id").alias("id")).agg(
+        F.max_by(_body("row"), "id").alias("last_row"),
+        F.min_by(_body("row"), birth_id).alias("born_row"))
 
 
 def command_rows(trail: DataFrame, commands: DataFrame) -> Found:
