@@ -62,6 +62,7 @@ _BODY = ("STRUCT<`body`: STRUCT<`from`: STRING, `to`: STRING, `workspace_id`: ST
          "`reason`: STRING, `dead_lettered`: BOOLEAN, `next_attempt_at`: STRING, "
          "`row`: STRUCT<`delivered_at_us`: BIGINT, `fixed`: STRUCT<`created_at_us`: BIGINT>>>>")
 
+
 class Options(BaseModel):
     """What the job is told besides the window: the scopes' conflict policies (the mark
     space does not store them) and the envelope's parameters."""
@@ -152,6 +153,7 @@ def _entries(snap: Snapshot, window: Window) -> DataFrame:
 
 
 def _body(record: str) -> Column:
+    """The body of the JSON in column `record`, with the fields of _BODY."""
     from pyspark.sql import functions as F
 
     return F.from_json(record, _BODY).getField("body")
