@@ -59,10 +59,14 @@ def test_export_copies_old_entries_by_day_and_reads_equal_postgres(spark, histor
     assert manifest["upto_id"] == batch.to_id and len(manifest["batches"]) == 1
     # every live entry is newer than the cut: the export stopped before the first of them
     assert min(r[0] for r in everything if r[5] >= cut.timestamp() * 1e6) == batch.to_id + 1
+    half_day = {"start": TEN_DAYS_AGO, "end": TEN_DAYS_AGO + timedelta(hours=12)}
     with Snapshot(spark, settings) as snap:
         merged = _rows(snap.trail())
-        window = _rows(snap.trail(start=TEN_DAYS_AGO, end=TEN_DAYS_AGO + timedelta(hours=12)))
+        window = _rows(snap.trail(**half_day))
+        # the count the analytics record as source_rows: exported and live entries alike
+        counted = (snap.trail_count(), snap.trail_count(**half_day))
     assert merged == everything
+    assert counted == (len(everything), len(window))
     assert window and window == [r for r in everything
                                  if TEN_DAYS_AGO.timestamp() * 1e6 <= r[5]
                                  < (TEN_DAYS_AGO + timedelta(hours=12)).timestamp() * 1e6]
