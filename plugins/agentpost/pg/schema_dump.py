@@ -66,6 +66,10 @@ _VOLATILE = re.compile(
     r"|SELECT pg_catalog\.set_config\('search_path', '', false\);)$",
     re.MULTILINE,
 )
+# The trail's monthly partitions (sql/0086): which months exist depends on the day the
+# migration ran, so each object of one (its table, keys, indexes and their attachments) goes.
+_MONTHLY = re.compile(r"^--\n-- Name: [^\n]*\btrail_p\d{6}(?!\d)[^\n]*\n--\n"
+                      r".*?(?=^--\n-- Name: |\Z)", re.MULTILINE | re.DOTALL)
 
 # Every routine of the schema with a digest of its whole definition, to see which migration
 # changed it. pg_get_functiondef refuses aggregates: theirs is their pg_aggregate row.
@@ -142,6 +146,7 @@ def normalise(text: str) -> str:
     """pg_dump's output without what differs between runs and machines (see _VOLATILE),
     each run of blank lines made one (pg_dump's own two, and the gaps of what went)."""
     text = _VOLATILE.sub("", text)
+    text = _MONTHLY.sub("", text)
     text = re.sub(r"\n{3,}", "\n\n", text)
     return text.strip("\n") + "\n"
 
