@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/uv --version 2>/dev/null | grep -q '^uv $(UV_VERSION)' \
 		|| $(BIN)/python -m pip install --quiet 'uv==$(UV_VERSION)'
 	$(UV_INSTALL) --constraints constraints.txt --build-constraints constraints.txt \
-		-e '.[dev,postgres,spark,ai]'
+		-e '.[dev,postgres,spark,ai,archive]'
 	# The Spark provider pulls pyspark-client, which overwrites part of pyspark: put it back.
 	# (uninstall + install reuses uv's cached pyspark build; --reinstall would rebuild it)
 	$(BIN)/uv pip uninstall --python $(BIN)/python pyspark

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import date
 from typing import Any
 
 from agentpost.cli.common import EXIT_FAILED, open_store, print_json
@@ -126,6 +127,7 @@ def register(sub: Any) -> None:
     trail.add_argument("--limit", type=int, default=200)
     trail.add_argument("--json", action="store_true")
     trail.set_defaults(func=cmd_trail)
+    register_archive(trail.add_subparsers(dest="trail_command", metavar="{archive,prune}"))
     register_verify(sub)
     checkpoint = sub.add_parser("checkpoint", help="write a signed checkpoint of every "
                                                    "chain's head, to keep outside the database")
@@ -146,3 +148,50 @@ def register_verify(sub: Any) -> None:
                         help="when it verifies, write the checkpoint of the heads verified to "
                              "FILE (the next run's --since)")
     verify.set_defaults(func=cmd_verify)
+
+
+def register_archive(sub: Any) -> None:
+    """`agentpost trail archive` and `trail prune` (docs/operations.md, "Archive and prune")."""
+    archive = sub.add_parser("archive", help="verify, then copy the months before --before to "
+                                             "Parquet with the verified checkpoint of the cut")
+    prune = sub.add_parser("prune", help="drop the months before --before from Postgres, once "
+                                         "their archive and its checkpoint verify")
+    for p in (archive, prune):
+        p.add_argument("--before", required=True, type=day, metavar="DATE",
+                       help="the cut: months that end by this day (YYYY-MM-DD, UTC) go")
+        p.add_argument("--archive", required=True, metavar="DIR",
+                       help="the trail's export directory (AGENTPOST_TRAIL_ARCHIVE)")
+    archive.add_argument("--since", metavar="FILE",
+                         help="verify since this verified checkpoint (default: since the last "
+                              "prune, or the whole trail)")
+    archive.set_defaults(func=cmd_archive)
+    prune.set_defaults(func=cmd_prune)
+
+
+def day(value: str) -> date:
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a day (YYYY-MM-DD): {value[:40]!r}") from None
+
+
+def cmd_archive(args: argparse.Namespace) -> int:
+    from agentpost.store.trail_archive import archive
+
+    since = None if args.since is None else read_checkpoint(args.since)
+    with open_store(args) as store:
+        done = archive(store, args.archive, args.before, since=since)
+    print(f"archived {done.entries:,} entries to {args.archive}"
+          f"{'' if done.batch is None else '/' + done.batch}; the cut at {done.cut} covers "
+          f"{', '.join(done.partitions)}; its verified checkpoint: {done.checkpoint}")
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from agentpost.store.trail_archive import prune
+
+    with open_store(args) as store:
+        done = prune(store, args.archive, args.before)
+    print(f"pruned {', '.join(done.partitions)}: {done.dropped:,} entries dropped, "
+          f"{done.kept:,} kept (chain heads and what open rows still need)")
+    return 0

@@ -1,101 +1,23 @@
-"""The trail's Parquet export: old entries copied out of Postgres, partitioned by day.
-
-Layout of an export directory:
-
-    <dir>/_agentpost_export.json              the manifest (below)
-    <dir>/batch-000001/day=2026-11-01/*.parquet
-    <dir>/batch-000002/day=...
-
-Each run of the export copies the entries with ids above the manifest's `upto_id` and at
-before a day boundary into a new batch directory (written whole by Spark, replaced if a
-crashed run left one), then rewrites the manifest (a temporary file, renamed): a batch counts
-only once the manifest lists it, so an entry is never read twice or lost. Jobs read the
-listed batches plus the live tail, ids above `upto_id`, from Postgres. The export copies: the
-entries stay in Postgres, where the store's own `verify_trail` and the row checks need them.
-
-Manifest, version 1:
-
-    {"format": "agentpost.trail-export", "version": 1, "upto_id": 1234,
-     "batches": [{"dir": "batch-000001", "from_id": 1, "to_id": 1234, "rows": 1234,
-                  "before": "2026-11-02T00:00:00+00:00"}]}
-"""
+"""The trail's Parquet export read by the Spark jobs (the manifest: `store.trail_export`)."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from agentpost.protocol.errors import InvalidInput
+from agentpost.store.trail_export import MANIFEST, Batch, Export, load
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-MANIFEST = "_agentpost_export.json"
-FORMAT = "agentpost.trail-export"
+__all__ = ["MANIFEST", "Batch", "Export", "load", "read"]
 
 
-class Batch(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    dir: str = Field(pattern=r"^batch-\d{6}$")
-    from_id: int = Field(ge=1)
-    to_id: int = Field(ge=0)
-    rows: int = Field(ge=0)
-    before: datetime
-
-
-class Export(BaseModel):
-    """An export directory's manifest."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    format: str = Field(default=FORMAT, pattern=f"^{FORMAT}$")
-    version: int = Field(default=1, ge=1, le=1)
-    upto_id: int = Field(default=0, ge=0)
-    batches: list[Batch] = Field(default_factory=list)
-    path: str = Field(default="", exclude=True)
-
-    def read(self, spark: SparkSession) -> DataFrame:
-        """Every listed batch's entries (the trail's columns and `day`)."""
-        frames = [spark.read.option("basePath", str(Path(self.path) / b.dir))
-                  .parquet(str(Path(self.path) / b.dir)) for b in self.batches]
-        out = frames[0]
-        for frame in frames[1:]:
-            out = out.unionByName(frame)
-        return out
-
-    def next_dir(self) -> str:
-        return f"batch-{len(self.batches) + 1:06d}"
-
-    def save(self) -> None:
-        """Write the manifest whole or not at all."""
-        target = Path(self.path) / MANIFEST
-        tmp = target.with_name(f"{MANIFEST}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(self.model_dump_json(indent=1) + "\n", encoding="utf-8")
-            os.replace(tmp, target)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise InvalidInput(f"cannot write {target}: {exc.strerror or exc}") from None
-
-
-def load(path: str) -> Export:
-    """The export at `path`: its manifest, or an empty export if it has none yet."""
-    manifest = Path(path) / MANIFEST
-    if not manifest.exists():
-        return Export(path=path)
-    try:
-        data = json.loads(manifest.read_text(encoding="utf-8"))
-        export = Export.model_validate(data)
-    except (OSError, ValueError, ValidationError) as exc:
-        raise InvalidInput(f"{manifest} is not a usable trail export manifest: "
-                           f"{str(exc).splitlines()[0]}") from None
-    export.path = path
-    return export
+def read(export: Export, spark: SparkSession) -> DataFrame:
+    """Every listed batch's entries (the trail's columns and `day`)."""
+    frames = [spark.read.option("basePath", str(Path(export.path) / b.dir))
+              .parquet(str(Path(export.path) / b.dir)) for b in export.batches]
+    out = frames[0]
+    for frame in frames[1:]:
+        out = out.unionByName(frame)
+    return out

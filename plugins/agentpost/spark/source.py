@@ -153,7 +153,7 @@ class Snapshot:
             return 0, None
         if not exported.batches:
             return exported.upto_id, None
-        old = exported.read(self.spark)
+        old = archive.read(exported, self.spark)
         if start is not None:
             old = old.where(old["at"] >= start)
         if end is not None:

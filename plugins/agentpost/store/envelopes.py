@@ -500,12 +500,16 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
         verified, never on one taken apart), rows that no new entry names edited in the
         table, and an envelope whose every new entry was cut off with the end of its chain.
         `workers` > 1 shares the chains out among that many processes reading one exported
-        snapshot.
+        snapshot. On a pruned trail (`agentpost trail prune`) a run without `since` runs since
+        the last prune's checkpoint: the entries before it are in the archive.
 
         A malformed `anchor` or `since`, or one not signed with the trail key, raises
         InvalidAnchor before anything is read. A run that passes returns, as `checkpoint`,
         the signed heads it verified, to keep outside the database as the next `since`."""
         anchored = None if anchor is None else load_anchor(_checkpoint_text(anchor), self._key)
+        if since is None:  # a pruned trail verifies from its last cut on
+            since = self.db.scalar("SELECT checkpoint FROM agentpost.trail_prunes"
+                                   " ORDER BY id DESC LIMIT 1")
         start = None if since is None else load_anchor(_checkpoint_text(since), self._key)
         if isinstance(workers, bool) or not isinstance(workers, int) \
                 or not 1 <= workers <= MAX_WORKERS:

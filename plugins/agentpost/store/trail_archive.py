@@ -1,0 +1,264 @@
+"""`agentpost trail archive` and `prune`: old months of the trail to Parquet, then out of
+Postgres, never one without the other's proof (docs/operations.md, "Archive and prune").
+
+`archive(store, dir, cut)` verifies the trail (since the checkpoint given, else since the last
+prune's, else whole) and keeps the checkpoint that run hands back, then copies every entry not
+yet exported up to the newest id of the partitions the cut lets go, into a batch of the export
+directory (`trail_export`: the layout and manifest the Spark jobs read), and records the cut.
+`prune(store, dir, cut)` refuses unless that cut is in the manifest, its checkpoint is signed
+with the trail key, and every entry it would drop is in the archive as stored (id, hashes and
+MAC equal to the row's, the record hashing to the hash); then it keeps what later checks read
+(`trail_partitions.KEEP`) and drops the partitions, in one transaction, and records the prune.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from agentpost.protocol.anchor import Checkpoint
+from agentpost.protocol.errors import InvalidAnchor, InvalidInput, StoreError
+from agentpost.protocol.trail import entry_hash
+from agentpost.store import trail_export, trail_partitions
+from agentpost.store.trail_partitions import Partition
+
+if TYPE_CHECKING:
+    from agentpost.store.envelopes import EnvelopeStore
+
+__all__ = ["ArchiveResult", "PruneResult", "archive", "prune"]
+
+COLUMNS = ("id", "chain", "chain_seq", "event", "envelope_id", "at", "at_us", "record",
+           "prev_hash", "hash", "mac")
+SELECT = ("SELECT id, chain, chain_seq, event, envelope_id, at, "
+          "(extract(epoch FROM at) * 1000000)::bigint, record, prev_hash, hash, mac "
+          "FROM agentpost.trail WHERE id BETWEEN %s AND %s ORDER BY id")
+#: ids read, and archived ids checked, per statement
+CHUNK = 20_000
+#: a cut must be this far in the past: entries younger may still be committing
+MIN_AGE = timedelta(hours=1)
+
+
+class ArchiveResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    cut: date
+    partitions: list[str]
+    entries: int
+    batch: str | None
+    checkpoint: str
+
+
+class PruneResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    cut: date
+    partitions: list[str]
+    dropped: int
+    kept: int
+
+
+def archive(store: EnvelopeStore, directory: str, cut: date, *,
+            since: str | None = None, now: datetime | None = None) -> ArchiveResult:
+    """Verify, copy the months before `cut` to `directory` and record the cut (above)."""
+    _check_cut(cut, now)
+    exported = trail_export.load(directory)
+    with store.db.cursor() as cur:
+        parts = trail_partitions.droppable(cur, cut)
+    if not parts:
+        raise InvalidInput(f"no partition of the trail is wholly older than {cut}: nothing to "
+                           "archive (a month goes once the cut is at or after its end)")
+    result = store.verify_trail(since=since)
+    if not result.ok:
+        raise StoreError(f"the trail does not verify ({result.failure}): nothing archived; "
+                         "run agentpost verify")
+    checkpoint = Checkpoint.from_json(result.checkpoint)
+    hi = max((p.max_id for p in parts if p.max_id is not None), default=0)
+    batch = _copy(store, exported, exported.upto_id + 1, hi, cut) if hi > exported.upto_id \
+        else None
+    name = f"cut-{cut.isoformat()}.json"
+    _write(Path(directory) / name, checkpoint.to_json())
+    exported.cuts = [c for c in exported.cuts if c.cut != cut]
+    exported.cuts.append(trail_export.Cut(cut=cut, checkpoint=name, upto_id=exported.upto_id,
+                                          partitions=[p.name for p in parts]))
+    exported.save()
+    return ArchiveResult(cut=cut, partitions=[p.name for p in parts],
+                         entries=0 if batch is None else batch.rows,
+                         batch=None if batch is None else batch.dir, checkpoint=name)
+
+
+def prune(store: EnvelopeStore, directory: str, cut: date, *,
+          now: datetime | None = None) -> PruneResult:
+    """Check the archive of `cut`, then drop the partitions it covers (above)."""
+    _check_cut(cut, now)
+    exported = trail_export.load(directory)
+    taken = exported.cut(cut)
+    if taken is None:
+        raise InvalidInput(f"{directory} holds no archive cut at {cut}: run agentpost trail "
+                           f"archive --before {cut} first")
+    checkpoint = _checkpoint(store, Path(directory) / taken.checkpoint)
+    with store.db.transaction() as conn, conn.cursor() as cur:
+        parts = trail_partitions.droppable(cur, cut)
+        if not parts:
+            raise InvalidInput(f"no partition of the trail is wholly older than {cut}: "
+                               "nothing to prune")
+        _check_archived(cur, exported, parts)
+        dropped, kept = trail_partitions.drop(cur, parts, cut)
+        names = [p.name for p in parts]
+        cur.execute("INSERT INTO agentpost.trail_prunes (cut, checkpoint, partitions, dropped,"
+                    " kept, archive) VALUES (%s, %s, %s, %s, %s, %s)",
+                    (cut, checkpoint, names, dropped, kept, str(directory)[:4096]))
+    return PruneResult(cut=cut, partitions=names, dropped=dropped, kept=kept)
+
+
+def _check_cut(cut: date, now: datetime | None) -> None:
+    now = now or datetime.now(UTC)
+    if datetime(cut.year, cut.month, cut.day, tzinfo=UTC) > now - MIN_AGE:
+        raise InvalidInput(f"--before must be at least {MIN_AGE} in the past: entries younger "
+                           "than that may still be committing")
+
+
+def _checkpoint(store: EnvelopeStore, path: Path) -> str:
+    """The cut's checkpoint text, refused unless signed with the trail key."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"cannot read the cut's checkpoint {path}: "
+                           f"{getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        Checkpoint.from_json(text).verify(store._key)
+    except InvalidAnchor as exc:
+        raise InvalidInput(f"the cut's checkpoint {path} does not verify: {exc}") from None
+    return text
+
+
+def _copy(store: EnvelopeStore, exported: trail_export.Export, lo: int, hi: int,
+          cut: date) -> trail_export.Batch:
+    """Entries lo..hi, in one snapshot, to a new batch, by day of `at`; then listed."""
+    pq, pa = _pyarrow()
+    batch_dir = exported.next_dir()
+    writers: dict[str, Any] = {}
+    rows = 0
+    try:
+        for day, table in _tables(store, lo, hi, pa):
+            if day not in writers:
+                target = Path(exported.path) / batch_dir / f"day={day}"
+                target.mkdir(parents=True, exist_ok=True)
+                writers[day] = pq.ParquetWriter(str(target / "part-00000.parquet"),
+                                                table.schema)
+            writers[day].write_table(table)
+            rows += table.num_rows
+    except OSError as exc:
+        raise InvalidInput(f"cannot write the archive under {exported.path}: "
+                           f"{exc.strerror or exc}") from None
+    finally:
+        for writer in writers.values():
+            writer.close()
+    before = datetime(cut.year, cut.month, cut.day, tzinfo=UTC)
+    batch = trail_export.Batch(dir=batch_dir, from_id=lo, to_id=hi, rows=rows, before=before)
+    exported.batches.append(batch)
+    exported.upto_id = hi
+    return batch
+
+
+def _tables(store: EnvelopeStore, lo: int, hi: int, pa: Any) -> Iterator[tuple[str, Any]]:
+    """The rows lo..hi, in one snapshot, as Arrow tables of one day each, CHUNK ids at a
+    time."""
+    schema = pa.schema([("id", pa.int64()), ("chain", pa.string()), ("chain_seq", pa.int64()),
+                        ("event", pa.string()), ("envelope_id", pa.string()),
+                        ("at", pa.timestamp("us", tz="UTC")), ("at_us", pa.int64()),
+                        ("record", pa.string()), ("prev_hash", pa.binary()),
+                        ("hash", pa.binary()), ("mac", pa.binary())])
+    with store.db.transaction() as conn, conn.cursor() as cur:
+        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        for start in range(lo, hi + 1, CHUNK):
+            cur.execute(SELECT, (start, min(start + CHUNK - 1, hi)))
+            by_day: dict[str, list[tuple]] = {}
+            for row in cur.fetchall():
+                by_day.setdefault(row[5].astimezone(UTC).date().isoformat(), []).append(row)
+            for day, part in by_day.items():
+                cols = list(zip(*part, strict=True))
+                yield day, pa.Table.from_arrays(
+                    [pa.array([bytes(v) for v in c] if f.type == pa.binary() else c,
+                              type=f.type) for c, f in zip(cols, schema, strict=True)],
+                    schema=schema)
+
+
+def _check_archived(cur: Any, exported: trail_export.Export, parts: list[Partition]) -> None:
+    """Every entry of `parts` is in the archive as stored, or the prune is refused."""
+    ids = [(p.min_id, p.max_id) for p in parts if p.max_id is not None]
+    if not ids:
+        return
+    lo, hi = min(i[0] for i in ids), max(i[1] for i in ids)
+    if hi > exported.upto_id:
+        raise InvalidInput(f"entries up to id {hi} would be dropped but the archive holds ids "
+                           f"only up to {exported.upto_id}: archive again before pruning")
+    cur.execute("CREATE TEMP TABLE agentpost_archived (id bigint PRIMARY KEY, prev_hash bytea,"
+                " hash bytea, mac bytea) ON COMMIT DROP")
+    buf = io.StringIO()
+    for n, row in enumerate(_archived_rows(exported, lo, hi), 1):
+        buf.write("\t".join((str(row[0]), *("\\\\x" + v.hex() for v in row[1:]))) + "\n")
+        if n % CHUNK == 0:
+            _copy_in(cur, buf)
+            buf = io.StringIO()
+    _copy_in(cur, buf)
+    names = ", ".join(f"'agentpost.{p.name}'::regclass" for p in parts)
+    cur.execute(f"SELECT count(*) FROM agentpost.trail t LEFT JOIN agentpost_archived a"
+                f" USING (id) WHERE t.tableoid IN ({names})"
+                f" AND (a.id IS NULL OR (a.prev_hash, a.hash, a.mac)"
+                f" IS DISTINCT FROM (t.prev_hash, t.hash, t.mac))")
+    missing = cur.fetchone()[0]
+    if missing:
+        raise InvalidInput(f"{missing} entries of the partitions to drop are not in the archive "
+                           "as stored: nothing pruned; archive again")
+
+
+def _copy_in(cur: Any, buf: io.StringIO) -> None:
+    buf.seek(0)
+    try:
+        cur.copy_expert("COPY agentpost_archived FROM STDIN", buf)
+    except Exception as exc:  # an id twice: a batch listed twice, or overlapping batches
+        raise InvalidInput(f"the archive's batches overlap ({str(exc).splitlines()[0]}): "
+                           "nothing pruned") from None
+
+
+def _archived_rows(exported: trail_export.Export, lo: int, hi: int) -> Iterator[tuple]:
+    """(id, prev_hash, hash, mac) of every archived entry with an id in lo..hi, each checked
+    to hash its record (refused otherwise)."""
+    pq, _ = _pyarrow()
+    for b in exported.batches:
+        if b.to_id < lo or b.from_id > hi:
+            continue
+        for path in sorted((Path(exported.path) / b.dir).rglob("*.parquet")):
+            table = pq.read_table(str(path), columns=["id", "record", "prev_hash", "hash",
+                                                      "mac"])
+            for i, rec, prev, digest, mac in zip(*(table.column(c).to_pylist() for c in
+                                                   table.column_names), strict=True):
+                if not lo <= i <= hi:
+                    continue
+                if entry_hash(prev, rec) != digest:
+                    raise InvalidInput(f"the archive's entry #{i} ({path}) does not hash to "
+                                       "its stored hash: nothing pruned")
+                yield i, prev, digest, mac
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _pyarrow() -> tuple[Any, Any]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise InvalidInput("the trail archive writes Parquet with pyarrow: install "
+                           "airflow-agentpost[archive]") from None
+    return pq, pa

@@ -1,0 +1,112 @@
+"""The trail's Parquet export and archive: old entries copied out of Postgres, by day.
+
+Layout of an export directory:
+
+    <dir>/_agentpost_export.json              the manifest (below)
+    <dir>/batch-000001/day=2026-11-01/*.parquet
+    <dir>/batch-000002/day=...
+
+Each run of the export copies the entries with ids above the manifest's `upto_id` and at
+before a day boundary into a new batch directory (written whole by Spark, replaced if a
+crashed run left one), then rewrites the manifest (a temporary file, renamed): a batch counts
+only once the manifest lists it, so an entry is never read twice or lost. Jobs read the
+listed batches plus the live tail, ids above `upto_id`, from Postgres. The export copies: the
+entries stay in Postgres, where the store's own `verify_trail` and the row checks need them.
+
+Written by `agentpost spark export` (copies) and by `agentpost trail archive`
+(`store.trail_archive`: the copy before a prune, with the verified checkpoint of its cut).
+
+Manifest, version 2 (version 1 is the same without `cuts`, and is still read):
+
+    {"format": "agentpost.trail-export", "version": 2, "upto_id": 1234,
+     "batches": [{"dir": "batch-000001", "from_id": 1, "to_id": 1234, "rows": 1234,
+                  "before": "2026-11-02T00:00:00+00:00"}],
+     "cuts": [{"cut": "2026-11-01", "checkpoint": "cut-2026-11-01.json", "upto_id": 1234,
+               "partitions": ["trail_p202610"]}]}
+
+A cut is what `agentpost trail prune` needs: the monthly partitions it may drop, the highest id
+archived when it was taken, and the file (beside the manifest) holding the checkpoint a
+verification handed back at the cut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from datetime import date, datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agentpost.protocol.errors import InvalidInput
+
+MANIFEST = "_agentpost_export.json"
+FORMAT = "agentpost.trail-export"
+
+
+class Batch(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dir: str = Field(pattern=r"^batch-\d{6}$")
+    from_id: int = Field(ge=1)
+    to_id: int = Field(ge=0)
+    rows: int = Field(ge=0)
+    before: datetime
+
+
+class Cut(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cut: date
+    checkpoint: str = Field(pattern=r"^cut-\d{4}-\d{2}-\d{2}\.json$")
+    upto_id: int = Field(ge=0)
+    partitions: list[str]
+
+
+class Export(BaseModel):
+    """An export directory's manifest."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: str = Field(default=FORMAT, pattern=f"^{FORMAT}$")
+    version: int = Field(default=2, ge=1, le=2)
+    upto_id: int = Field(default=0, ge=0)
+    batches: list[Batch] = Field(default_factory=list)
+    cuts: list[Cut] = Field(default_factory=list)
+    path: str = Field(default="", exclude=True)
+
+    def cut(self, day: date) -> Cut | None:
+        """The archive's cut at `day`, if it took one."""
+        return next((c for c in self.cuts if c.cut == day), None)
+
+    def next_dir(self) -> str:
+        return f"batch-{len(self.batches) + 1:06d}"
+
+    def save(self) -> None:
+        """Write the manifest whole or not at all (as version 2)."""
+        self.version = 2
+        target = Path(self.path) / MANIFEST
+        tmp = target.with_name(f"{MANIFEST}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(self.model_dump_json(indent=1) + "\n", encoding="utf-8")
+            os.replace(tmp, target)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise InvalidInput(f"cannot write {target}: {exc.strerror or exc}") from None
+
+
+def load(path: str) -> Export:
+    """The export at `path`: its manifest, or an empty export if it has none yet."""
+    manifest = Path(path) / MANIFEST
+    if not manifest.exists():
+        return Export(path=path)
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+        export = Export.model_validate(data)
+    except (OSError, ValueError, ValidationError) as exc:
+        raise InvalidInput(f"{manifest} is not a usable trail export manifest: "
+                           f"{str(exc).splitlines()[0]}") from None
+    export.path = path
+    return export

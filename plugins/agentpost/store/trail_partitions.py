@@ -1,0 +1,129 @@
+"""The trail's partitions (sql/0086): which months a cut lets go, and the prune that drops them.
+
+A month's partition can go once every entry in it is older than the cut: a `trail_pYYYYMM`
+whose month ends by the cut, and `trail_legacy` (the entries written before partitioning) once
+its newest entry is older. Dropping one keeps, in `trail_kept`, every entry of it that a
+verification or a row check will still read (`KEEP`), so the chains go on from their heads and
+the rows still open keep their history.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["Partition", "drop", "droppable", "ensure_partitions"]
+
+_MONTHLY = "trail_p"
+LEGACY = "trail_legacy"
+#: how long a prune waits for the trail's lock before it gives up (agents keep writing)
+LOCK_TIMEOUT_MS = 10_000
+
+
+class Partition(BaseModel):
+    """One partition the cut lets go: its name, entries and id range."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    entries: int
+    min_id: int | None
+    max_id: int | None
+
+
+def ensure_partitions(cur: Any, months_ahead: int = 2) -> list[str]:
+    """Make the monthly partitions through `months_ahead` months ahead; those it made."""
+    cur.execute("SELECT agentpost.trail_ensure_partitions(%s)", (months_ahead,))
+    return [r[0] for r in cur.fetchall()]
+
+
+def droppable(cur: Any, cut: date) -> list[Partition]:
+    """The partitions every entry of which is older than `cut` (midnight UTC), oldest first,
+    with their sizes; empty months included (they go too)."""
+    cur.execute("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+                " WHERE i.inhparent = 'agentpost.trail'::regclass ORDER BY c.relname")
+    names = [r[0] for r in cur.fetchall()]
+    midnight = datetime(cut.year, cut.month, cut.day, tzinfo=UTC)
+    out = []
+    for name in names:
+        if name.startswith(_MONTHLY) and _month_end(name) <= cut:
+            out.append(_sized(cur, name))
+        elif name == LEGACY:
+            part = _sized(cur, name)
+            cur.execute("SELECT max(at) FROM agentpost.trail_legacy")
+            newest = cur.fetchone()[0]
+            if part.entries and newest < midnight:
+                out.append(part)
+    return sorted(out, key=lambda p: (p.name != LEGACY, p.name))
+
+
+def _month_end(name: str) -> date:
+    year, month = int(name[len(_MONTHLY):][:4]), int(name[len(_MONTHLY):][4:])
+    return date(year + month // 12, month % 12 + 1, 1)
+
+
+def _sized(cur: Any, name: str) -> Partition:
+    cur.execute(f"SELECT count(*), min(id), max(id) FROM agentpost.{_ident(name)}")
+    entries, lo, hi = cur.fetchone()
+    return Partition(name=name, entries=entries, min_id=lo, max_id=hi)
+
+
+def _ident(name: str) -> str:
+    if not (name == LEGACY or (name.startswith(_MONTHLY) and name[len(_MONTHLY):].isdigit())):
+        raise ValueError(f"not a trail partition: {name!r}")
+    return name
+
+
+# (The part_day bounds let the planner skip the months kept; the tableoid picks the dropped.)
+# The entries of the partitions dropped that stay (moved to trail_kept), and why:
+# - each chain's last entry in them: the next entry of the chain links to it, and a
+#   verification since the cut's checkpoint re-reads it as the chain's head;
+# - the system chain whole: the registry's rows are checked against all of its entries;
+# - every entry of an envelope still open (not consumed, rejected or undeliverable), or named
+#   by an entry that stays: the row checks read its creation and lifecycle entries;
+# - the route_progress entries of routes not ended: a route named since the checkpoint is
+#   told from a new one by an earlier entry naming it.
+KEEP = """
+WITH dropped AS (SELECT unnest(%(oids)s::oid[]) AS oid),
+heads AS (SELECT t.chain, max(t.chain_seq) AS seq FROM agentpost.trail t
+           WHERE t.part_day >= '1900-01-01' AND t.part_day < %(cut)s
+             AND t.tableoid IN (SELECT oid FROM dropped) GROUP BY t.chain),
+open_envelopes AS (
+    SELECT e.id FROM agentpost.envelopes e
+     WHERE e.status IN ('validated', 'acknowledged') AND e.consumed_at IS NULL
+    UNION
+    SELECT t.envelope_id FROM agentpost.trail t
+     WHERE t.envelope_id IS NOT NULL AND t.tableoid NOT IN (SELECT oid FROM dropped)),
+open_routes AS (SELECT r.id FROM agentpost.routes r WHERE r.end_actor IS NULL)
+UPDATE agentpost.trail t SET part_day = '-infinity'
+ WHERE t.part_day >= '1900-01-01' AND t.part_day < %(cut)s
+   AND t.tableoid IN (SELECT oid FROM dropped)
+   AND (t.chain = 'system'
+        OR (t.chain, t.chain_seq) IN (SELECT chain, seq FROM heads)
+        OR t.envelope_id IN (SELECT id FROM open_envelopes)
+        OR (t.event = 'route_progress'
+            AND (t.record::jsonb -> 'body' ->> 'id') IN (SELECT id FROM open_routes)))
+"""
+
+
+def drop(cur: Any, partitions: list[Partition], cut: date) -> tuple[int, int]:
+    """In the caller's transaction: keep what `KEEP` keeps, then detach and drop each
+    partition. Returns (entries dropped, entries kept)."""
+    names = [_ident(p.name) for p in partitions]
+    cur.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
+    # the appends' lock first, so the move and the detach see one trail
+    cur.execute("LOCK TABLE agentpost.trail IN SHARE ROW EXCLUSIVE MODE")
+    cur.execute("SELECT array_agg(('agentpost.' || n)::regclass::oid) FROM unnest(%s::text[]) n",
+                (names,))
+    oids = cur.fetchone()[0]
+    cur.execute(KEEP, {"oids": oids, "cut": cut})
+    kept = cur.rowcount
+    dropped = 0
+    for name in names:
+        cur.execute(f"SELECT count(*) FROM agentpost.{name}")
+        dropped += cur.fetchone()[0]
+        cur.execute(f"ALTER TABLE agentpost.trail DETACH PARTITION agentpost.{name}")
+        cur.execute(f"DROP TABLE agentpost.{name}")
+    return dropped, kept

@@ -1,0 +1,241 @@
+"""Archive and prune (issue 26): old months of the trail go to Parquet with the verified
+checkpoint of their cut, then leave Postgres by dropping their partitions; the trail goes on
+verifying since the cut, the entries later checks read stay, and nothing is dropped unless the
+archive holds it as stored.
+
+Time is the one thing a test cannot wait for: `age` moves the entries written so far into a
+month long past, as if they had been written then. It changes `part_day` only, the partition
+key, which no signature covers and no check reads (sql/0086).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from agentpost.protocol.errors import InvalidInput, StoreError
+from agentpost.store import EnvelopeStore
+from agentpost.store.trail_archive import archive, prune
+from agentpost.store.trail_export import MANIFEST
+from dbtools import rows
+from test_cli import agentpost, assert_one_line_error
+from test_trail_anchor import build
+
+
+def old_month() -> date:
+    """The first day of the month about four months ago."""
+    back = datetime.now(UTC).date() - timedelta(days=120)
+    return back.replace(day=1)
+
+
+def month_after(day: date) -> date:
+    return date(day.year + day.month // 12, day.month % 12 + 1, 1)
+
+
+def partition(day: date) -> str:
+    return f"trail_p{day:%Y%m}"
+
+
+def age(conn: Any, month: date) -> int:
+    """Every entry so far, moved into `month`'s partition (made for it); how many."""
+    rows(conn, "SELECT agentpost.trail_ensure_partitions(2, %s)", (month,))
+    rows(conn, "UPDATE agentpost.trail SET part_day = %s WHERE part_day >= '1900-01-02'",
+         (month + timedelta(days=14),))
+    return count(conn, partition(month))
+
+
+def count(conn: Any, table: str = "trail") -> int:
+    return rows(conn, f"SELECT count(*) FROM agentpost.{table}")[0][0]
+
+
+def exists(conn: Any, table: str) -> bool:
+    return rows(conn, "SELECT to_regclass(%s) IS NOT NULL", (f"agentpost.{table}",))[0][0]
+
+
+@pytest.fixture
+def aged(store: EnvelopeStore, pg: Any) -> tuple[EnvelopeStore, date, int]:
+    """build()'s traffic, plus one envelope consumed and one left waiting in w2's inbox, all
+    of it four months old: (store, the cut after that month, entries aged)."""
+    build(store)
+    leased = store.lease("w1", max=5)
+    for lease in leased:
+        store.ack(lease.token)
+    month = old_month()
+    return store, month_after(month), age(pg, month)
+
+
+def test_archive_then_prune_and_the_trail_still_verifies(aged: tuple, pg: Any,
+                                                        tmp_path: Path) -> None:
+    store, cut, entries = aged
+    month = partition(old_month())
+    assert store.verify_trail().ok
+    done = archive(store, str(tmp_path), cut)
+    assert done.partitions == [month] and done.entries == entries
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    assert manifest["version"] == 2 and manifest["cuts"][0]["cut"] == cut.isoformat()
+    archived = pq.read_table(str(tmp_path / done.batch)).num_rows
+    assert archived == entries
+    # after the cut: the waiting envelope (created in the old month) is leased and acked
+    waiting = store.lease("w2", max=5)
+    assert waiting
+    for lease in waiting:
+        store.ack(lease.token)
+    store.send("coord", "w1", "directive", "after the cut")
+    total = count(pg)
+
+    pruned = prune(store, str(tmp_path), cut)
+    assert pruned.partitions == [month] and not exists(pg, month)
+    assert pruned.dropped + pruned.kept == entries and 0 < pruned.kept < entries
+    assert count(pg) == total - pruned.dropped
+    assert count(pg, "trail_kept") == pruned.kept
+    # every chain's head at the cut stays, and the consumed-after-the-cut envelope's entries
+    heads = rows(pg, "SELECT count(DISTINCT chain) FROM agentpost.trail_kept")[0][0]
+    chains = rows(pg, "SELECT count(DISTINCT chain) FROM agentpost.trail")[0][0]
+    assert heads == chains
+    for lease in waiting:
+        created = rows(pg, "SELECT count(*) FROM agentpost.trail_kept WHERE envelope_id = %s"
+                           " AND event = 'envelope_created'", (lease.envelope.id,))[0][0]
+        assert created == 1
+    result = store.verify_trail()
+    assert result.ok, result.failure
+    assert result.since_taken_at is not None  # since the prune's checkpoint
+    assert store.verify_trail(since=tmp_path / done.checkpoint).ok
+    recorded = rows(pg, "SELECT cut, partitions, dropped, kept FROM agentpost.trail_prunes")
+    assert recorded == [(cut, [month], pruned.dropped, pruned.kept)]
+    # and the store goes on: new entries link to the kept heads
+    store.send("w1", "coord", "query", "still there?")
+    assert store.verify_trail().ok
+
+
+def test_after_a_prune_tampering_is_still_caught(aged: tuple, pg: Any,
+                                                 tmp_path: Path) -> None:
+    store, cut, _ = aged
+    archive(store, str(tmp_path), cut)
+    prune(store, str(tmp_path), cut)
+    (kept_id,) = rows(pg, "SELECT id FROM agentpost.trail_kept WHERE chain = 'w3'")[0]
+    rows(pg, "UPDATE agentpost.trail SET record = replace(record, '\"body\"', '\"body\" ')"
+             " WHERE id = %s", (kept_id,))
+    result = store.verify_trail()
+    assert not result.ok and result.failure_chain == "w3"
+
+
+def test_a_deleted_open_envelope_is_caught_after_the_prune(aged: tuple, pg: Any,
+                                                           tmp_path: Path) -> None:
+    store, cut, _ = aged
+    archive(store, str(tmp_path), cut)
+    prune(store, str(tmp_path), cut)
+    (waiting,) = rows(pg, "SELECT id FROM agentpost.envelopes WHERE recipient = 'w2'")[0]
+    rows(pg, "DELETE FROM agentpost.signals WHERE ref = %s", (waiting,))
+    rows(pg, "DELETE FROM agentpost.envelopes WHERE id = %s", (waiting,))
+    result = store.verify_trail()
+    assert not result.ok
+    assert [(r.kind, r.id) for r in result.missing_rows] == [("envelope", waiting)]
+
+
+def _rewrite(path: Path, change: Any) -> None:
+    table = pq.read_table(str(path))
+    pq.write_table(change(table), str(path))
+
+
+def _edit_record(table: pa.Table) -> pa.Table:
+    records = table.column("record").to_pylist()
+    records[0] = records[0].replace('"body"', '"body" ')
+    return table.set_column(table.schema.get_field_index("record"), "record",
+                            pa.array(records, type=pa.string()))
+
+
+def _drop_row(table: pa.Table) -> pa.Table:
+    return table.slice(1)
+
+
+def _edit_mac(table: pa.Table) -> pa.Table:
+    macs = table.column("mac").to_pylist()
+    macs[0] = bytes(32)
+    return table.set_column(table.schema.get_field_index("mac"), "mac",
+                            pa.array(macs, type=pa.binary()))
+
+
+@pytest.mark.parametrize("damage", ["no cut", "checkpoint", "record", "row", "mac"])
+def test_prune_refuses_unless_the_archive_and_its_checkpoint_verify(
+        aged: tuple, pg: Any, tmp_path: Path, damage: str) -> None:
+    store, cut, _ = aged
+    done = archive(store, str(tmp_path), cut)
+    files = sorted((tmp_path / done.batch).rglob("*.parquet"))
+    if damage == "no cut":
+        manifest = json.loads((tmp_path / MANIFEST).read_text())
+        manifest["cuts"] = []
+        (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    elif damage == "checkpoint":
+        path = tmp_path / done.checkpoint
+        text = path.read_text()
+        at = text.index('"hash": "') + len('"hash": "')
+        path.write_text(text[:at] + ("0" if text[at] != "0" else "1") + text[at + 1:])
+    else:
+        _rewrite(files[0], {"record": _edit_record, "row": _drop_row, "mac": _edit_mac}[damage])
+    total = count(pg)
+    with pytest.raises(InvalidInput) as refused:
+        prune(store, str(tmp_path), cut)
+    assert "\n" not in str(refused.value)
+    assert count(pg) == total and exists(pg, partition(old_month()))
+    assert count(pg, "trail_kept") == 0 and count(pg, "trail_prunes") == 0
+
+
+def test_archive_refuses_a_cut_too_recent_or_with_nothing_before_it(store: EnvelopeStore,
+                                                                    tmp_path: Path) -> None:
+    build(store)
+    with pytest.raises(InvalidInput, match="in the past"):
+        archive(store, str(tmp_path), datetime.now(UTC).date() + timedelta(days=1))
+    with pytest.raises(InvalidInput, match="nothing to archive"):
+        archive(store, str(tmp_path), old_month())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_archive_refuses_a_trail_that_does_not_verify(aged: tuple, pg: Any,
+                                                      tmp_path: Path) -> None:
+    store, cut, _ = aged
+    rows(pg, "UPDATE agentpost.trail SET record = replace(record, '\"body\"', '\"body\" ')"
+             " WHERE id = (SELECT min(id) FROM agentpost.trail)")
+    with pytest.raises(StoreError, match="does not verify"):
+        archive(store, str(tmp_path), cut)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_month_without_its_partition_moves_out_of_the_default_one(store: EnvelopeStore,
+                                                                    pg: Any) -> None:
+    """Entries of a month no partition was made for land in trail_default; making the month
+    moves them into it, and the trail still verifies."""
+    build(store)
+    far = (datetime.now(UTC).date() + timedelta(days=5 * 366)).replace(day=1)
+    rows(pg, "UPDATE agentpost.trail SET part_day = %s WHERE chain = 'w3'", (far,))
+    moved = count(pg, "trail_default")
+    assert moved > 0
+    months = (far.year - datetime.now(UTC).year) * 12 + far.month - datetime.now(UTC).month
+    made = rows(pg, "SELECT agentpost.trail_ensure_partitions(%s)", (months,))
+    assert (partition(far),) in made
+    assert count(pg, "trail_default") == 0 and count(pg, partition(far)) == moved
+    assert store.verify_trail().ok
+
+
+def test_cli_trail_archive_and_prune(aged: tuple, dsn: str, tmp_path: Path) -> None:
+    _, cut, entries = aged
+    archived = agentpost(dsn, "trail", "archive", "--before", cut.isoformat(),
+                         "--archive", str(tmp_path))
+    assert archived.code == 0, archived.err
+    assert f"archived {entries:,} entries" in archived.out
+    too_soon = agentpost(dsn, "trail", "prune", "--before", "2999-01-01",
+                         "--archive", str(tmp_path))
+    assert "in the past" in assert_one_line_error(too_soon, 2)
+    not_a_day = agentpost(dsn, "trail", "prune", "--before", "soon", "--archive", str(tmp_path))
+    assert not_a_day.code == 2 and "not a day" in not_a_day.err
+    pruned = agentpost(dsn, "trail", "prune", "--before", cut.isoformat(),
+                       "--archive", str(tmp_path))
+    assert pruned.code == 0, pruned.err
+    assert "entries dropped" in pruned.out and "kept" in pruned.out
+    verified = agentpost(dsn, "verify")
+    assert verified.code == 0 and "since the checkpoint" in verified.out
