@@ -171,7 +171,8 @@ print("BAG " + json.dumps({{
     assert dags["agent_city_dispatcher"][1:] == [1, False, [], ["activate"]]  # on its inbox
     assert dags["boundary_city"] == ["0:01:00", 1, False, ["resource", "scopes"], ["resolve"]]
     assert dags["agentpost_maintenance"] == [
-        "0:05:00", 1, False, ["checkpoint_dir", "keep"], ["maintain", "verify", "checkpoint"]]
+        "0:05:00", 1, False, ["checkpoint_dir", "keep", "trail_archive", "trail_retention_days"],
+        ["maintain", "verify", "checkpoint", "archive_and_prune"]]
     assert dags["agentpost_command_example"]
 
 

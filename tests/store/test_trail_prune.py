@@ -222,6 +222,16 @@ def test_a_month_without_its_partition_moves_out_of_the_default_one(store: Envel
     assert store.verify_trail().ok
 
 
+def test_maintenance_makes_the_months_ahead(store: EnvelopeStore, pg: Any) -> None:
+    from agentpost.store.maintenance import maintain
+
+    ahead = month_after(month_after(datetime.now(UTC).date().replace(day=1)))
+    rows(pg, f"DROP TABLE agentpost.{partition(ahead)}")
+    assert maintain(store, vacuum=False)["trail_partitions_made"] == [partition(ahead)]
+    assert exists(pg, partition(ahead))
+    assert maintain(store, vacuum=False)["trail_partitions_made"] == []
+
+
 def test_cli_trail_archive_and_prune(aged: tuple, dsn: str, tmp_path: Path) -> None:
     _, cut, entries = aged
     archived = agentpost(dsn, "trail", "archive", "--before", cut.isoformat(),

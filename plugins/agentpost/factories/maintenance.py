@@ -16,14 +16,21 @@ Three tasks, in order:
    be anchored without ever being verified, and the next run starts after them (the chain
    of custody, docs/design.md "Long-lived stores: verification, pruning and export").
 
-``checkpoint_dir`` and ``keep`` come from the factory's arguments, and a manual trigger may
-override them as params.
+4. ``archive_and_prune`` (off unless ``trail_retention_days`` is set): the months of the
+   trail that end more than that many days ago are archived to ``trail_archive`` (verified
+   since the checkpoint the run just kept) and dropped from Postgres
+   (`agentpost.store.trail_archive`; docs/operations.md, "Archive and prune"). A run with
+   nothing old enough does nothing.
+
+``checkpoint_dir``, ``keep``, ``trail_retention_days`` and ``trail_archive`` come from the
+factory's arguments, and a manual trigger may override them as params.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,19 +47,30 @@ PREFIX, SUFFIX = "checkpoint-", ".json"
 
 def maintenance_dag(*, checkpoint_dir: str | Path | None = None, keep: int = 10,
                     schedule: Any = timedelta(minutes=5), vacuum: bool = True,
+                    trail_retention_days: int | None = None,
+                    trail_archive: str | Path | None = None,
                     agentpost_conn_id: str = DEFAULT_CONN_ID,
                     dag_id: str = "agentpost_maintenance", **dag_args: Any) -> DAG:
-    """The maintenance DAG: maintain >> verify >> checkpoint, every `schedule`."""
+    """The maintenance DAG: maintain >> verify >> checkpoint >> archive_and_prune, every
+    `schedule`."""
     from airflow.sdk import DAG, Param, get_current_context, task
 
     if keep < 1:
         raise InvalidInput("keep must be at least 1: verify needs the previous checkpoint")
+    if trail_retention_days is not None and (trail_retention_days < 1 or not trail_archive):
+        raise InvalidInput("trail_retention_days needs a trail_archive and at least 1 day")
     params = {
         "checkpoint_dir": Param(None if checkpoint_dir is None else str(checkpoint_dir),
                                 type=["null", "string"],
                                 description="where checkpoints are kept (outside the store)"),
         "keep": Param(keep, type="integer", minimum=1,
                       description="how many checkpoints to keep"),
+        "trail_retention_days": Param(trail_retention_days, type=["null", "integer"],
+                                      minimum=1, description="archive and drop the trail's "
+                                      "months older than this (null: keep everything)"),
+        "trail_archive": Param(None if trail_archive is None else str(trail_archive),
+                               type=["null", "string"],
+                               description="the trail's Parquet archive directory"),
     }
 
     def store() -> Any:
@@ -99,10 +117,35 @@ def maintenance_dag(*, checkpoint_dir: str | Path | None = None, keep: int = 10,
             context["ti"].xcom_push(key="path", value=str(path))
             return taken.to_dict()
 
+        @task(task_id="archive_and_prune")
+        def archive_and_prune(kept: dict[str, Any]) -> dict[str, Any]:
+            params = get_current_context()["params"]
+            with store_errors("trail archive"), store() as opened:
+                return retain(opened, params.get("trail_retention_days"),
+                              params.get("trail_archive"), json.dumps(kept))
+
         swept, checked = maintain(), verify()
         swept >> checked
-        checkpoint(checked)
+        archive_and_prune(checkpoint(checked))
     return dag
+
+
+def retain(store: Any, days: int | None, directory: str | None, since: str) -> dict[str, Any]:
+    """Archive and prune the trail's months that end `days` days ago or earlier, verified
+    since `since`; nothing when `days` is None or no month is that old."""
+    if not days:
+        return {"retention": None}
+    if not directory:
+        raise InvalidInput("trail_retention_days needs trail_archive, the archive's directory")
+    from agentpost.store.trail_archive import archive, due, prune
+
+    cut = (datetime.now(UTC) - timedelta(days=int(days))).date()
+    if not due(store, cut):
+        return {"retention": days, "cut": cut.isoformat(), "pruned": []}
+    archived = archive(store, directory, cut, since=since)
+    pruned = prune(store, directory, cut)
+    return {"retention": days, "cut": cut.isoformat(), "archived": archived.entries,
+            "pruned": pruned.partitions, "dropped": pruned.dropped, "kept": pruned.kept}
 
 
 def checkpoints(directory: Path) -> list[Path]:
@@ -152,5 +195,5 @@ class TrailCheckFailed(AgentpostError):
     """The trail does not verify, or no longer reaches the previous checkpoint."""
 
 
-__all__ = ["TrailCheckFailed", "checkpoints", "maintenance_dag", "save_checkpoint",
+__all__ = ["TrailCheckFailed", "checkpoints", "maintenance_dag", "retain", "save_checkpoint",
            "verify_against_latest"]

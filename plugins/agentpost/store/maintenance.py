@@ -16,6 +16,7 @@ from agentpost.store.envelopes import EnvelopeStore
 from agentpost.store.event_claims import drop_event_watchers, prune_event_claims
 from agentpost.store.event_handled import DEFAULT_HANDLED_KEEP, prune_event_handled
 from agentpost.store.routes import RouteStore
+from agentpost.store.trail_partitions import ensure_partitions
 
 
 def maintain(store: EnvelopeStore, *, vacuum: bool = True,
@@ -28,7 +29,8 @@ def maintain(store: EnvelopeStore, *, vacuum: bool = True,
     asset event, which comes back in a later run's window), and VACUUM ANALYZE.
     `drop_watchers_idle` (seconds, off by default): first forget event watchers no trigger
     asked for that long, with their marks; one that comes back then starts afresh, so only
-    a person who knows the trigger is gone should pass it. Returns what each step did."""
+    a person who knows the trigger is gone should pass it. Makes the trail's monthly
+    partitions two months ahead. Returns what each step did."""
     result = store.maintain(vacuum=False)
     with CommandLedger(store) as ledger:
         result["commands_failed"] = ledger.sweep_stuck()
@@ -37,6 +39,8 @@ def maintain(store: EnvelopeStore, *, vacuum: bool = True,
         result["event_watchers_dropped"] = drop_event_watchers(store, drop_watchers_idle)
     result["event_claims_pruned"] = prune_event_claims(store)
     result["event_handled_pruned"] = prune_event_handled(store, keep_handled)
+    with store.db.cursor() as cur:  # the trail's months, two ahead (sql/0086)
+        result["trail_partitions_made"] = ensure_partitions(cur)
     result["vacuumed"] = store.vacuum() if vacuum else []
     return result
 

@@ -30,7 +30,7 @@ from agentpost.store.trail_partitions import Partition
 if TYPE_CHECKING:
     from agentpost.store.envelopes import EnvelopeStore
 
-__all__ = ["ArchiveResult", "PruneResult", "archive", "prune"]
+__all__ = ["ArchiveResult", "PruneResult", "archive", "due", "prune"]
 
 COLUMNS = ("id", "chain", "chain_seq", "event", "envelope_id", "at", "at_us", "record",
            "prev_hash", "hash", "mac")
@@ -60,6 +60,12 @@ class PruneResult(BaseModel):
     partitions: list[str]
     dropped: int
     kept: int
+
+
+def due(store: EnvelopeStore, cut: date) -> list[str]:
+    """The partitions a cut at `cut` would archive and drop (none: nothing to do)."""
+    with store.db.cursor() as cur:
+        return [p.name for p in trail_partitions.droppable(cur, cut)]
 
 
 def archive(store: EnvelopeStore, directory: str, cut: date, *,
