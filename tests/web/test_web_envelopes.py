@@ -38,7 +38,7 @@ def timeline(page: str) -> list[tuple[str, str]]:
 def verdicts(page: str) -> dict[int, str]:
     """Trail entry id -> "yes"/"no" as the page shows them."""
     return {int(i): v for i, v in
-            re.findall(r'<tr data-entry="(\d+)" data-verified="(yes|no)">', page)}
+            re.findall(r'<tr data-entry="(\d+)" data-verified="(yes|no)"[^>]*>', page)}
 
 
 def field(page: str, cls: str) -> str:

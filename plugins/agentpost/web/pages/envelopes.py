@@ -11,6 +11,7 @@ queries of `verify_trail`, for this one envelope). Never the whole trail per pag
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -24,6 +25,7 @@ from agentpost.protocol.trail import ChainCheck, StoredEntry
 from agentpost.protocol.validation import MAX_ID
 from agentpost.store import EnvelopeStore
 from agentpost.store.queries import QUERIES
+from agentpost.store.trail_archive import archived_entries, archived_predecessors
 from agentpost.web.auth import require_viewer
 from agentpost.web.context import Store
 from agentpost.web.links import run_link
@@ -35,6 +37,7 @@ EnvelopeId = Annotated[str, Path(max_length=MAX_ID, description="envelope id")]
 
 #: trail entries, thread ancestors and replies shown at most
 MAX_ENTRIES = 500
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_DEPTH = 50
 MAX_REPLIES = 100
 
@@ -68,6 +71,13 @@ def entry_problem(key: bytes, entry: StoredEntry, before: StoredEntry | None) ->
     return check.failures[0][3] if check.failures else None
 
 
+def entry_alone(key: bytes, entry: StoredEntry) -> str | None:
+    """Why `entry` does not verify on its own (hash, signature, columns), None if it does."""
+    check = ChainCheck(key)
+    check.resume(entry, entry.hash)
+    return check.failures[0][3].removeprefix("checkpointed head: ") if check.failures else None
+
+
 def _detail(event: str, body: dict[str, Any]) -> str:
     """The few words of a timeline step beyond its label."""
     parts = []
@@ -88,25 +98,50 @@ def _detail(event: str, body: dict[str, Any]) -> str:
     return ", ".join(str(p) for p in parts)
 
 
-def trail_entries(store: EnvelopeStore, envelope_id: str) -> list[dict[str, Any]]:
-    """The envelope's entries in trail order, each checked, with its timeline label."""
+def trail_entries(store: EnvelopeStore, envelope_id: str
+                  ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The envelope's entries in trail order, each checked, with its timeline label; and,
+    on a pruned trail, what the page says of the archive (docs/ui.md, "Archived envelopes"):
+    an envelope whose creation entry a prune took out of Postgres gets its archived entries,
+    and an entry whose predecessor went gets it from there, when this server reaches the
+    archive (else that one link is not checked, and the entry says so)."""
     key = store.settings.trail_key.encode("utf-8")
-    out = []
-    for row in store.db.fetchall(Q["entries"], {"id": envelope_id, "limit": MAX_ENTRIES}):
-        entry = _entry(row[:10])
-        before = None if row[11] is None else _entry(row[11:21])
-        problem = entry_problem(key, entry, before)
-        try:
-            body = json.loads(entry.record).get("body") or {}
-        except (ValueError, AttributeError):
-            body = {}
-        out.append({"id": entry.id, "chain": entry.chain, "seq": entry.seq,
-                    "event": entry.event, "at": row[10],
-                    "label": LABELS.get(entry.event, entry.event),
-                    "detail": _detail(entry.event, body), "body": body,
-                    "hash": entry.hash.hex(), "verified": problem is None,
-                    "problem": problem})
-    return out
+    found = [(_entry(r[:10]), None if r[11] is None else _entry(r[11:21]), "live")
+             for r in store.db.fetchall(Q["entries"], {"id": envelope_id,
+                                                       "limit": MAX_ENTRIES})]
+    note = None
+    if not any(e.event in ("envelope_created", "envelope_rejected") for e, _, _ in found):
+        archived = archived_entries(store, envelope_id, MAX_ENTRIES)
+        if archived is not None:
+            live = {e.id for e, _, _ in found}
+            old = [(e, b, "archive") for e, b in archived.entries if e.id not in live]
+            found = sorted([*old, *found], key=lambda x: x[0].id)[:MAX_ENTRIES]
+            note = {"cut": archived.cut, "directory": archived.directory,
+                    "reachable": archived.reachable, "entries": len(old)}
+    wanted = {(e.chain, e.seq - 1) for e, b, _ in found if b is None and e.seq > 1}
+    older = archived_predecessors(store, wanted)
+    return [_shown(key, e, b or older.get((e.chain, e.seq - 1)), source)
+            for e, b, source in found], note
+
+
+def _shown(key: bytes, entry: StoredEntry, before: StoredEntry | None, source: str
+           ) -> dict[str, Any]:
+    """One entry as the page shows it, checked against its predecessor. A chain's entry past
+    its first with no predecessor found is one whose predecessor a prune archived out of
+    reach: the entry is checked alone and says so (on a trail never pruned, its predecessor
+    is always found, or the entry is the chain's first)."""
+    unlinked = before is None and entry.seq > 1 and source == "live"
+    problem = entry_alone(key, entry) if unlinked else entry_problem(key, entry, before)
+    try:
+        body = json.loads(entry.record).get("body") or {}
+    except (ValueError, AttributeError):
+        body = {}
+    return {"id": entry.id, "chain": entry.chain, "seq": entry.seq, "event": entry.event,
+            "at": EPOCH + timedelta(microseconds=entry.at_us),
+            "label": LABELS.get(entry.event, entry.event),
+            "detail": _detail(entry.event, body), "body": body, "hash": entry.hash.hex(),
+            "verified": problem is None, "problem": problem, "source": source,
+            "unlinked": unlinked}
 
 
 def row_problems(store: EnvelopeStore, envelope_id: str) -> list[str]:
@@ -153,11 +188,12 @@ def tool_call(envelope: Envelope) -> dict[str, Any] | None:
 def details(store: EnvelopeStore, envelope_id: str) -> dict[str, Any]:
     """Everything the page shows (NotFound for an unknown id, InvalidInput for a bad one)."""
     envelope = store.get(envelope_id)
-    entries = trail_entries(store, envelope.id)
+    entries, archived = trail_entries(store, envelope.id)
     return {"envelope": envelope, "entries": entries, "thread": thread(store, envelope.id),
             "tool_call": tool_call(envelope),
-            "lease": lease_of(store, envelope.id),
-            "row_problems": row_problems(store, envelope.id),
+            "lease": lease_of(store, envelope.id), "archived": archived,
+            # the row checks read the entries in Postgres: an archived envelope's are gone
+            "row_problems": [] if archived else row_problems(store, envelope.id),
             "all_verified": all(e["verified"] for e in entries)}
 
 
@@ -185,5 +221,5 @@ def api_envelope(envelope_id: EnvelopeId, store: Store) -> dict[str, Any]:
     found = details(store, envelope_id)
     return {"envelope": envelope_json(found["envelope"]), "lease": found["lease"],
             "thread": found["thread"], "row_problems": found["row_problems"],
-            "all_verified": found["all_verified"],
+            "all_verified": found["all_verified"], "archived": found["archived"],
             "entries": found["entries"]}
