@@ -1,4 +1,5 @@
-"""Smoke test of `agentpost bench growth` at a tiny scale (sizes 0, 1,000 and 10,000): it runs
+"""Smoke test of `agentpost bench growth --large` at a tiny scale (sizes 0, 1,000 and 10,000, the
+older half of the 10,000 then archived and pruned): it runs
 end to end through the CLI on scratch databases of its own, prints every measurement at every
 size beside the empty store's with a ratio, judges every goal, verifies the filled history with
 the store's own checker, and drops its databases. No timing is asserted (shared machines)."""
@@ -18,15 +19,20 @@ from agentpost.store import EnvelopeStore
 
 SIZES = ("1,000", "10,000")
 GOALS = (
-    r"at 10,000 envelopes every rate within 1\.5x of the empty store's \(lowest ratio [\d.]+\)",
-    r"verify_trail\(since=\) over the last 1,000 entries independent of total size",
+    r"at 1,000 envelopes every rate within 1\.5x of the empty store's \(lowest ratio [\d.]+\)",
+    r"verify_trail\(since=\) over the last 500 entries independent of total size",
     r"empty store: single send >= 0\.5 x raw single-row INSERT\+COMMIT \(ratio [\d.]+\)",
     r"empty store: send_many >= 20,000 envelopes/s",
     r"empty store: lease\+ack >= 10,000/s with 4 consumers, batches of 100",
     r"empty store: send→consumer p95 < 5 ms",
     r"empty store: a boundary over 20 resources < 1 s on Postgres",
-    r"with 3,300 envelopes waiting in one inbox, another inbox's rates within 1\.5x of the "
+    r"with 1,000 envelopes waiting in one inbox, another inbox's rates within 1\.5x of the "
     r"empty store's, analysed or not \(lowest ratio [\d.]+\)",
+    # --large: the older half archived and pruned (issue 26)
+    r"after archiving and pruning half of 10,000 envelopes every rate within 1\.5x of the "
+    r"empty store's \(lowest ratio [\d.]+\)",
+    r"after the prune the trail's size follows what is left of it \([\d.]+x the bytes for "
+    r"[\d.]+x the entries\)",
 )
 
 
@@ -52,7 +58,7 @@ def test_bench_growth_prints_every_size_ratio_and_goal(
     each size beside the empty store's with the ratio; the goals judged met or MISSED; the
     whole filled trail verifies; the scratch databases are gone afterwards."""
     before = set(_scratch_databases(dsn))
-    code = main(["--dsn", dsn, "bench", "growth", "--scale", "0.01"])
+    code = main(["--dsn", dsn, "bench", "growth", "--large", "--scale", "0.001"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert re.search(r"empty store: raw INSERT\+COMMIT \(psycopg2\)\s+[\d,]+/s", out), out
@@ -84,6 +90,16 @@ def test_bench_growth_prints_every_size_ratio_and_goal(
     assert re.search(r"1,000 envelopes: verify_trail\(\) whole trail\s+[\d.]+ s for [\d,]+ "
                      r"entries, verified", out), out
     assert re.search(r"history filled\s+10,000 envelopes in 10 inbox pairs", out), out
+    # the older half archived and pruned, then measured again (issue 26)
+    assert re.search(r"archive and prune half: prune \(check \+ keep \+ drop\)\s+[\d.]+ s: "
+                     r"[1-9][\d,]* entries dropped, [1-9][\d,]* kept", out), out
+    assert re.search(r"archive and prune half: trail size\s+[\d,]+ MiB before, [\d,]+ MiB "
+                     r"after", out), out
+    for label in RATES:
+        assert re.search(rf"10,000, half pruned: {re.escape(label)}\s+[\d,]+/s\s+empty\s+"
+                         rf"[\d,]+/s{ratio}", out), label
+    assert re.search(rf"10,000, half pruned: verify_trail\(since=\) last entries\s+[\d.]+ s"
+                     rf"\s+empty\s+[\d.]+ s{ratio}", out), out
     for goal in GOALS:
         assert re.search(rf"\[(met|MISSED)\] {goal}", out), goal
     assert set(_scratch_databases(dsn)) == before

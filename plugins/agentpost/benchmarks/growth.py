@@ -44,7 +44,7 @@ from typing import Any
 
 import psycopg2
 
-from agentpost.benchmarks import growth_backlog, growth_fill
+from agentpost.benchmarks import growth_backlog, growth_fill, growth_prune
 from agentpost.benchmarks.common import Report, median, percentile, rate
 from agentpost.benchmarks.envelopes import _RAW_INSERT, _RAW_TABLE
 from agentpost.benchmarks.leases import CELLS as LEASE_CELLS
@@ -93,6 +93,7 @@ class Plan:
     tail: int
     contested: int
     backlog: int
+    large: int | None = None  # the large size, whose older half is archived and pruned
 
     @classmethod
     def make(cls, scale: float, large: bool) -> Plan:
@@ -105,7 +106,8 @@ class Plan:
                    latency_count=max(30, round(LATENCY_COUNT * scale / ROUNDS)),
                    tail=max(500, round(TAIL * scale)),
                    contested=CONTESTED if scale >= 1 else max(20, round(CONTESTED * scale)),
-                   backlog=max(1_000, round(growth_backlog.BACKLOG * scale)))
+                   backlog=max(1_000, round(growth_backlog.BACKLOG * scale)),
+                   large=max(1_000, round(LARGE * scale)) if large else None)
 
 
 @dataclass
@@ -338,6 +340,7 @@ def run(*, dsn: str | None = None, scale: float = 1.0, large: bool = False) -> i
     admin = _admin_dsn(dsn)
     results: dict[int, tuple[Numbers, Numbers | None]] = {}
     filled = growth_fill.Filled()
+    pruned: tuple[growth_prune.PruneNumbers, Numbers, Numbers] | None = None
     with ExitStack() as stack:
         grown: Side | None = None
         for index, size in enumerate(plan.sizes):
@@ -351,14 +354,22 @@ def run(*, dsn: str | None = None, scale: float = 1.0, large: bool = False) -> i
                     grown = stack.enter_context(scratch_store(admin, "filled"))
                     with grown.store.db.cursor() as cur:
                         growth_fill.install_helpers(cur)
+                        if plan.large:
+                            growth_prune.plan_old_half(cur, filled, plan.large)
                 _fill(grown, filled, size)
                 pair = _measure_size([empty, grown], plan, raw=False,
                                      verify_full=size <= plan.full_verify_up_to)
                 results[size] = (pair[0], pair[1])
+                if size == plan.large:
+                    done = growth_prune.archive_and_prune(grown, filled)
+                    vacuum(grown.dsn)
+                    after = _measure_size([empty, grown], plan, raw=False, verify_full=False)
+                    pruned = (done, after[0], after[1])
         backlog = _backlog_case(admin, plan)
-    report = _report(plan, results, filled, backlog)
+    report = _report(plan, results, filled, backlog, pruned)
     report.print()
-    return 0 if _all_verified(results) else 1
+    checked = {**results, -1: pruned[1:]} if pruned else results
+    return 0 if _all_verified(checked) else 1
 
 
 def _backlog_case(admin: str, plan: Plan) -> growth_backlog.BacklogNumbers:
@@ -437,7 +448,8 @@ TIMES = ("send→consumer p50", "send→consumer p95")
 
 
 def _report(plan: Plan, results: dict[int, tuple[Numbers, Numbers | None]],
-            filled: growth_fill.Filled, backlog: growth_backlog.BacklogNumbers) -> Report:
+            filled: growth_fill.Filled, backlog: growth_backlog.BacklogNumbers,
+            pruned: tuple[growth_prune.PruneNumbers, Numbers, Numbers] | None) -> Report:
     sizes = ", ".join(f"{s:,}" for s in plan.sizes)
     report = Report(
         f"agentpost bench growth (scale {plan.scale:g}; sizes {sizes} envelopes of history; "
@@ -449,11 +461,21 @@ def _report(plan: Plan, results: dict[int, tuple[Numbers, Numbers | None]],
     for size in plan.sizes[1:]:
         empty, grown = results[size]
         assert grown is not None
-        _size_rows(report, size, empty, grown)
+        _size_rows(report, f"{size:,} envelopes", empty, grown)
+    if pruned is not None:
+        growth_prune.report_rows(report, pruned[0])
+        _size_rows(report, f"{plan.large:,}, half pruned", pruned[1], pruned[2])
     report.add("history filled", f"{filled.envelopes:,} envelopes in {filled.pairs:,} inbox "
                                  f"pairs, {filled.seconds:,.0f} s in SQL (not timed above)")
     worst_backlog = growth_backlog.report_rows(report, backlog)
     _goals(report, plan, results)
+    if pruned is not None:
+        done, empty, grown = pruned
+        worst = _worst(empty, grown)
+        report.goal(f"after archiving and pruning half of {plan.large:,} envelopes every rate "
+                    f"within {RATE_LIMIT:g}x of the empty store's (lowest ratio {worst:.2f})",
+                    worst >= 1 / RATE_LIMIT)
+        growth_prune.goal(report, done)
     report.goal(f"with {backlog.backlog:,} envelopes waiting in one inbox, another inbox's "
                 f"rates within {RATE_LIMIT:g}x of the empty store's, analysed or not (lowest "
                 f"ratio {worst_backlog:.2f})", worst_backlog >= 1 / RATE_LIMIT)
@@ -486,9 +508,8 @@ def _empty_rows(report: Report, n: Numbers, plan: Plan) -> None:
                _s(n.deferred_s or 0.0))
 
 
-def _size_rows(report: Report, size: int, empty: Numbers, grown: Numbers) -> None:
+def _size_rows(report: Report, name: str, empty: Numbers, grown: Numbers) -> None:
     e, g = Figures.of(empty), Figures.of(grown)
-    name = f"{size:,} envelopes"
     for label in RATES:
         report.add(f"{name}: {label}", _beside(g.values[label], e.values[label], _rate))
     for label in TIMES:
@@ -504,6 +525,12 @@ def _size_rows(report: Report, size: int, empty: Numbers, grown: Numbers) -> Non
                f"{_full_cell(grown.full)}   empty: {_full_cell(empty.full)}")
 
 
+def _worst(empty: Numbers, grown: Numbers) -> float:
+    """The lowest ratio of a rate of `grown` to the same of `empty`."""
+    e, g = Figures.of(empty), Figures.of(grown)
+    return min(g.values[label] / e.values[label] for label in RATES)
+
+
 def _goals(report: Report, plan: Plan,
            results: dict[int, tuple[Numbers, Numbers | None]]) -> None:
     empty0 = results[0][0]
@@ -512,7 +539,7 @@ def _goals(report: Report, plan: Plan,
     empty, grown = results[at]
     assert grown is not None
     e, g = Figures.of(empty), Figures.of(grown)
-    worst = min(g.values[label] / e.values[label] for label in RATES)
+    worst = _worst(empty, grown)
     report.goal(f"at {at:,} envelopes every rate within {RATE_LIMIT:g}x of the empty store's "
                 f"(lowest ratio {worst:.2f})", worst >= 1 / RATE_LIMIT)
     if isinstance(g.since, float) and isinstance(e.since, float):

@@ -212,10 +212,12 @@ WITH env AS (
       FROM hashed h
 )
 INSERT INTO agentpost.trail (chain, chain_seq, event, envelope_id, at, record, prev_hash, hash,
-                             mac)
+                             mac, part_day)
 SELECT chain, chain_seq, event, id, at, record, prev, hash,
        agentpost._mac(hash, decode(current_setting('agentpost.mac_ipad'), 'hex'),
-                      decode(current_setting('agentpost.mac_opad'), 'hex'))
+                      decode(current_setting('agentpost.mac_opad'), 'hex')),
+       CASE WHEN j <= %(old_pairs)s THEN %(old_day)s::date
+            ELSE (now() AT TIME ZONE 'UTC')::date END
   FROM linked
  ORDER BY j, role, chain_seq
 """
@@ -233,6 +235,10 @@ class Filled:
     envelopes: int = 0
     pairs: int = 0
     seconds: float = 0.0
+    #: the inbox pairs up to this one are written as if in the month of `old_day` (their
+    #: entries' partition, sql/0086): what `bench growth --large` archives and prunes
+    old_pairs: int = 0
+    old_day: Any = None
 
 
 def install_helpers(cur: Any) -> None:
@@ -253,15 +259,16 @@ def grow(cur: Any, filled: Filled, target: int) -> None:
     for j0 in range(first, last + 1, BATCH_PAIRS):
         j1 = min(last, j0 + BATCH_PAIRS - 1)
         last_n = per + add - per * pairs if j1 == last else per
-        _batch(cur, j0, j1, per, last_n)
+        _batch(cur, j0, j1, per, last_n, filled)
     filled.envelopes = target
     filled.pairs = last
     filled.seconds += time.perf_counter() - started
 
 
-def _batch(cur: Any, j0: int, j1: int, per: int, last_n: int) -> None:
+def _batch(cur: Any, j0: int, j1: int, per: int, last_n: int, filled: Filled) -> None:
     """One transaction: the batch's workspaces, envelopes, signals, counters and entries."""
-    params = {"j0": j0, "j1": j1, "n": per, "last_n": last_n, "content": CONTENT}
+    params = {"j0": j0, "j1": j1, "n": per, "last_n": last_n, "content": CONTENT,
+              "old_pairs": filled.old_pairs, "old_day": filled.old_day}
     cur.execute("BEGIN")
     try:
         cur.execute("SET LOCAL work_mem = '256MB'")

@@ -1,0 +1,112 @@
+"""`agentpost bench growth --large`: half the history archived and pruned, then measured again.
+
+The fill writes the inbox pairs of the first half of the large size as if in a month four
+months back (their entries' partition, sql/0086: only `part_day`, which nothing signs or
+checks). After the large size is measured, `agentpost trail archive` and `prune` take that
+month out (timed), the sizes of the trail and the envelopes are printed before and after, and
+every measurement runs again beside the empty store: the rates, the latency and
+`verify_trail(since=)`, which after a prune runs over heads kept from the pruned month.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from typing import Any
+
+from agentpost.benchmarks import growth_fill
+
+#: how far back the pruned half is written
+MONTHS_BACK = 4
+
+
+@dataclass
+class PruneNumbers:
+    """What archiving and pruning the old half did, and the sizes around it."""
+
+    cut: date | None = None
+    archived: int = 0
+    archive_s: float = 0.0
+    prune_s: float = 0.0
+    dropped: int = 0
+    kept: int = 0
+    before: dict[str, int] = field(default_factory=dict)
+    after: dict[str, int] = field(default_factory=dict)
+
+
+def old_month(now: datetime | None = None) -> date:
+    """The first day of the month MONTHS_BACK months ago."""
+    today = (now or datetime.now(UTC)).date().replace(day=1)
+    month = today.month - MONTHS_BACK
+    return date(today.year + (month - 1) // 12, (month - 1) % 12 + 1, 1)
+
+
+def plan_old_half(cur: Any, filled: growth_fill.Filled, large: int) -> None:
+    """Make the fill write its first `large` / 2 envelopes into the old month's partition."""
+    filled.old_day = old_month()
+    filled.old_pairs = max(1, large // 2 // growth_fill.PER_INBOX)
+    cur.execute("SELECT agentpost.trail_ensure_partitions(2, %s)", (filled.old_day,))
+
+
+def sizes(side: Any) -> dict[str, int]:
+    """Bytes on disk of the trail (every partition, indexes and TOAST included) and of the
+    envelopes, and the trail's entries."""
+    total, entries, envelopes = side.store.db.fetchone(
+        "SELECT (SELECT sum(pg_total_relation_size(relid)) FROM"
+        " pg_partition_tree('agentpost.trail') WHERE isleaf),"
+        " (SELECT count(*) FROM agentpost.trail),"
+        " pg_total_relation_size('agentpost.envelopes')")
+    return {"trail bytes": int(total), "trail entries": int(entries),
+            "envelopes bytes": int(envelopes)}
+
+
+def archive_and_prune(side: Any, filled: growth_fill.Filled) -> PruneNumbers:
+    """Archive then prune the old month, timed, with the sizes before and after."""
+    from agentpost.store.trail_archive import archive, prune
+
+    cut = date(filled.old_day.year + filled.old_day.month // 12,
+               filled.old_day.month % 12 + 1, 1)
+    numbers = PruneNumbers(cut=cut, before=sizes(side))
+    with tempfile.TemporaryDirectory(prefix="agentpost-bench-archive-") as directory:
+        started = time.perf_counter()
+        archived = archive(side.store, directory, cut)
+        numbers.archive_s = time.perf_counter() - started
+        started = time.perf_counter()
+        pruned = prune(side.store, directory, cut)
+        numbers.prune_s = time.perf_counter() - started
+    numbers.archived, numbers.dropped, numbers.kept = (archived.entries, pruned.dropped,
+                                                       pruned.kept)
+    side.store.db.scalar("SELECT 1")  # the store still answers after the drop
+    numbers.after = sizes(side)
+    return numbers
+
+
+def report_rows(report: Any, numbers: PruneNumbers) -> None:
+    mib = 1024 * 1024
+    report.add("archive and prune half: the cut", f"{numbers.cut} (entries written as of "
+               f"{old_month():%Y-%m})")
+    report.add("archive and prune half: archive (verify + Parquet)",
+               f"{numbers.archive_s:,.1f} s for {numbers.archived:,} entries")
+    report.add("archive and prune half: prune (check + keep + drop)",
+               f"{numbers.prune_s:,.1f} s: {numbers.dropped:,} entries dropped, "
+               f"{numbers.kept:,} kept")
+    for name in ("trail bytes", "envelopes bytes"):
+        before, after = numbers.before[name], numbers.after[name]
+        report.add(f"archive and prune half: {name.split()[0]} size",
+                   f"{before / mib:,.0f} MiB before, {after / mib:,.0f} MiB after "
+                   f"({after / before:.2f}x)")
+    report.add("archive and prune half: trail entries",
+               f"{numbers.before['trail entries']:,} before, "
+               f"{numbers.after['trail entries']:,} after")
+
+
+
+def goal(report: Any, numbers: PruneNumbers) -> None:
+    """The space goes with the partitions: the trail after the prune is no larger than its
+    entries' share of the trail before (10% slack)."""
+    share = numbers.after["trail entries"] / numbers.before["trail entries"]
+    ratio = numbers.after["trail bytes"] / numbers.before["trail bytes"]
+    report.goal(f"after the prune the trail's size follows what is left of it ({ratio:.2f}x the "
+                f"bytes for {share:.2f}x the entries)", ratio <= share * 1.1)
