@@ -161,7 +161,7 @@ def _edit_mac(table: pa.Table) -> pa.Table:
                             pa.array(macs, type=pa.binary()))
 
 
-@pytest.mark.parametrize("damage", ["no cut", "checkpoint", "record", "row", "mac"])
+@pytest.mark.parametrize("damage", ["no cut", "checkpoint", "record", "row", "mac", "file"])
 def test_prune_refuses_unless_the_archive_and_its_checkpoint_verify(
         aged: tuple, pg: Any, tmp_path: Path, damage: str) -> None:
     store, cut, _ = aged
@@ -176,6 +176,8 @@ def test_prune_refuses_unless_the_archive_and_its_checkpoint_verify(
         text = path.read_text()
         at = text.index('"hash": "') + len('"hash": "')
         path.write_text(text[:at] + ("0" if text[at] != "0" else "1") + text[at + 1:])
+    elif damage == "file":
+        files[0].write_bytes(b"not parquet")
     else:
         _rewrite(files[0], {"record": _edit_record, "row": _drop_row, "mac": _edit_mac}[damage])
     total = count(pg)
@@ -184,6 +186,20 @@ def test_prune_refuses_unless_the_archive_and_its_checkpoint_verify(
     assert "\n" not in str(refused.value)
     assert count(pg) == total and exists(pg, partition(old_month()))
     assert count(pg, "trail_kept") == 0 and count(pg, "trail_prunes") == 0
+
+
+def test_a_batch_a_crashed_archive_left_is_written_afresh(aged: tuple, pg: Any,
+                                                         tmp_path: Path) -> None:
+    """A batch directory no manifest lists (an archive that crashed before listing it) is
+    replaced whole, so nothing it held is read as archived."""
+    store, cut, entries = aged
+    stale = tmp_path / "batch-000001" / "day=2000-01-01"
+    stale.mkdir(parents=True)
+    (stale / "part-00000.parquet").write_bytes(b"left by a crash")
+    done = archive(store, str(tmp_path), cut)
+    assert done.batch == "batch-000001" and not stale.exists()
+    assert pq.read_table(str(tmp_path / done.batch)).num_rows == entries
+    assert prune(store, str(tmp_path), cut).dropped > 0
 
 
 def test_archive_refuses_a_cut_too_recent_or_with_nothing_before_it(store: EnvelopeStore,

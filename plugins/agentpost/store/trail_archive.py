@@ -14,6 +14,7 @@ MAC equal to the row's, the record hashing to the hash); then it keeps what late
 from __future__ import annotations
 
 import io
+import shutil
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -23,15 +24,14 @@ from pydantic import BaseModel, ConfigDict
 
 from agentpost.protocol.anchor import Checkpoint
 from agentpost.protocol.errors import InvalidAnchor, InvalidInput, StoreError
-from agentpost.protocol.trail import StoredEntry, entry_hash
+from agentpost.protocol.trail import entry_hash
 from agentpost.store import trail_export, trail_partitions
 from agentpost.store.trail_partitions import Partition
 
 if TYPE_CHECKING:
     from agentpost.store.envelopes import EnvelopeStore
 
-__all__ = ["ArchiveResult", "ArchivedEntries", "PruneResult", "archive", "archived_entries",
-           "archived_predecessors", "due", "last_prune", "prune"]
+__all__ = ["ArchiveResult", "PruneResult", "archive", "due", "prune"]
 
 COLUMNS = ("id", "chain", "chain_seq", "event", "envelope_id", "at", "at_us", "record",
            "prev_hash", "hash", "mac")
@@ -150,6 +150,8 @@ def _copy(store: EnvelopeStore, exported: trail_export.Export, lo: int, hi: int,
     batch_dir = exported.next_dir()
     writers: dict[str, Any] = {}
     rows = 0
+    # a batch a crashed run left (never listed): written afresh, not added to
+    shutil.rmtree(Path(exported.path) / batch_dir, ignore_errors=True)
     try:
         for day, table in _tables(store, lo, hi, pa):
             if day not in writers:
@@ -241,16 +243,26 @@ def _archived_rows(exported: trail_export.Export, lo: int, hi: int) -> Iterator[
         if b.to_id < lo or b.from_id > hi:
             continue
         for path in sorted((Path(exported.path) / b.dir).rglob("*.parquet")):
-            table = pq.read_table(str(path), columns=["id", "record", "prev_hash", "hash",
-                                                      "mac"])
-            for i, rec, prev, digest, mac in zip(*(table.column(c).to_pylist() for c in
-                                                   table.column_names), strict=True):
-                if not lo <= i <= hi:
-                    continue
-                if entry_hash(prev, rec) != digest:
-                    raise InvalidInput(f"the archive's entry #{i} ({path}) does not hash to "
-                                       "its stored hash: nothing pruned")
-                yield i, prev, digest, mac
+            try:
+                batches = pq.ParquetFile(str(path)).iter_batches(
+                    batch_size=CHUNK, columns=["id", "record", "prev_hash", "hash", "mac"])
+                for part in batches:
+                    yield from _checked(part, path, lo, hi)
+            except (OSError, ValueError) as exc:  # pyarrow's errors are ValueErrors too
+                raise InvalidInput(f"cannot read the archive's {path}: "
+                                   f"{str(exc).splitlines()[0][:200]}") from None
+
+
+def _checked(part: Any, path: Path, lo: int, hi: int) -> Iterator[tuple]:
+    for i, rec, prev, digest, mac in zip(*(part.column(c).to_pylist() for c in
+                                           ("id", "record", "prev_hash", "hash", "mac")),
+                                         strict=True):
+        if not lo <= i <= hi:
+            continue
+        if entry_hash(prev, rec) != digest:
+            raise InvalidInput(f"the archive's entry #{i} ({path}) does not hash to its stored "
+                               "hash: nothing pruned")
+        yield i, prev, digest, mac
 
 
 def _write(path: Path, text: str) -> None:
@@ -270,89 +282,3 @@ def _pyarrow() -> tuple[Any, Any]:
                            "airflow-agentpost[archive]") from None
     return pq, pa
 
-
-class ArchivedEntries(BaseModel):
-    """An envelope's entries that a prune took out of Postgres, as the archive holds them."""
-
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-
-    cut: date
-    directory: str
-    reachable: bool
-    entries: list[tuple[StoredEntry, StoredEntry | None]] = []
-
-
-def last_prune(store: EnvelopeStore) -> tuple[date, str] | None:
-    """(cut, archive directory) of the last prune, or None for a trail never pruned."""
-    return store.db.fetchone("SELECT cut, archive FROM agentpost.trail_prunes"
-                             " ORDER BY id DESC LIMIT 1")
-
-
-def archived_entries(store: EnvelopeStore, envelope_id: str,
-                     limit: int = 500) -> ArchivedEntries | None:
-    """The archived entries of an envelope, when the trail was pruned (None if never), read
-    from the last prune's archive when this process reaches it, each with its chain
-    predecessor (None for a chain's first entry, or one not found)."""
-    pruned = last_prune(store)
-    if pruned is None:
-        return None
-    cut, directory = pruned
-    data = _dataset(directory)
-    if data is None:
-        return ArchivedEntries(cut=cut, directory=directory, reachable=False)
-    import pyarrow.dataset as ds
-
-    mine = _stored(data.to_table(filter=ds.field("envelope_id") == envelope_id))[:limit]
-    before = _at(data, {(e.chain, e.seq - 1) for e in mine if e.seq > 1})
-    return ArchivedEntries(cut=cut, directory=directory, reachable=True,
-                           entries=[(e, before.get((e.chain, e.seq - 1))) for e in mine])
-
-
-def archived_predecessors(store: EnvelopeStore, wanted: set[tuple[str, int]]
-                          ) -> dict[tuple[str, int], StoredEntry]:
-    """The archived entries at the (chain, seq) positions `wanted`, those found (none when
-    the trail was never pruned or its archive is out of reach)."""
-    pruned = last_prune(store)
-    data = None if pruned is None or not wanted else _dataset(pruned[1])
-    return {} if data is None else _at(data, wanted)
-
-
-def _dataset(directory: str) -> Any | None:
-    """The archive's listed batches as one Arrow dataset, or None if out of reach."""
-    try:
-        if not Path(directory, trail_export.MANIFEST).is_file():
-            return None
-        exported = trail_export.load(directory)
-    except (OSError, InvalidInput):
-        return None
-    if not exported.batches:
-        return None
-    import pyarrow.dataset as ds
-
-    try:
-        return ds.dataset([ds.dataset(str(Path(directory) / b.dir), format="parquet",
-                                      partitioning="hive") for b in exported.batches])
-    except (OSError, ValueError):  # a listed batch gone or unreadable: out of reach
-        return None
-
-
-def _at(data: Any, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], StoredEntry]:
-    if not wanted:
-        return {}
-    import pyarrow.dataset as ds
-
-    chains = sorted({c for c, _ in wanted})
-    seqs = sorted({s for _, s in wanted})
-    found = data.to_table(filter=ds.field("chain").isin(chains)
-                          & ds.field("chain_seq").isin(seqs))
-    return {(e.chain, e.seq): e for e in _stored(found) if (e.chain, e.seq) in wanted}
-
-
-def _stored(table: Any) -> list[StoredEntry]:
-    cols = [table.column(c).to_pylist() for c in ("id", "chain", "chain_seq", "event",
-                                                  "envelope_id", "at_us", "record",
-                                                  "prev_hash", "hash", "mac")]
-    out = [StoredEntry(id=i, chain=c, seq=s, event=ev, envelope_id=env, at_us=at, record=r,
-                       prev_hash=p, hash=h, mac=m)
-           for i, c, s, ev, env, at, r, p, h, m in zip(*cols, strict=True)]
-    return sorted(out, key=lambda e: e.id)

@@ -25,7 +25,7 @@ from agentpost.protocol.trail import ChainCheck, StoredEntry
 from agentpost.protocol.validation import MAX_ID
 from agentpost.store import EnvelopeStore
 from agentpost.store.queries import QUERIES
-from agentpost.store.trail_archive import archived_entries, archived_predecessors
+from agentpost.store.trail_archive_read import archived_entries, archived_predecessors
 from agentpost.web.auth import require_viewer
 from agentpost.web.context import Store
 from agentpost.web.links import run_link
