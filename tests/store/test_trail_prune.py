@@ -265,3 +265,45 @@ def test_cli_trail_archive_and_prune(aged: tuple, dsn: str, tmp_path: Path) -> N
     assert "entries dropped" in pruned.out and "kept" in pruned.out
     verified = agentpost(dsn, "verify")
     assert verified.code == 0 and "since the checkpoint" in verified.out
+
+
+def test_a_store_upgraded_to_the_partitioned_trail_keeps_verifying_and_prunes_its_legacy(
+        empty_dsn: str, tmp_path: Path) -> None:
+    """sql/0086 on a store with history: its entries become trail_legacy, the trail still
+    verifies, new entries continue the ids and chains, and the legacy history is archived
+    and pruned whole once all of it is older than the cut."""
+    from agentpost.pg.migrations import migrate
+    from dbtools import connect
+
+    sql = Path(__file__).resolve().parents[2] / "sql"
+    before = tmp_path / "before"
+    before.mkdir()
+    for path in sql.glob("[0-9]*_*.sql"):
+        if int(path.name.split("_")[0]) < 86:
+            (before / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    migrate(empty_dsn, source=before)
+    with EnvelopeStore(empty_dsn) as old:
+        build(old)
+    conn = connect(empty_dsn)
+    try:
+        (last,) = rows(conn, "SELECT max(id) FROM agentpost.trail")[0]
+        assert migrate(empty_dsn) == ["0086_trail_partitions.sql"]
+        legacy = count(conn, "trail_legacy")
+        assert legacy == count(conn) > 0
+        with EnvelopeStore(empty_dsn) as store:
+            assert store.verify_trail().ok
+            store.send("coord", "w1", "directive", "after the upgrade")
+            assert rows(conn, "SELECT min(id) FROM agentpost.trail WHERE part_day > "
+                              "'1900-01-01'")[0][0] > last
+            assert store.verify_trail().ok
+            # all of the legacy history is older than a cut taken tomorrow
+            tomorrow = datetime.now(UTC).date() + timedelta(days=1)
+            later = datetime.now(UTC) + timedelta(days=1, hours=2)
+            done = archive(store, str(tmp_path / "archive"), tomorrow, now=later)
+            assert "trail_legacy" in done.partitions
+            pruned = prune(store, str(tmp_path / "archive"), tomorrow, now=later)
+            assert pruned.partitions[0] == "trail_legacy" and not exists(conn, "trail_legacy")
+            assert pruned.dropped + pruned.kept == legacy
+            assert store.verify_trail().ok
+    finally:
+        conn.close()
