@@ -285,8 +285,8 @@ def test_headless_demo_runs_every_scenario_with_dag_test(dsn: str, tmp_path: Pat
             "boundary_city: success (resolve=success)",
             "agent_city_weather-poller: success (activate=success)",
             "agent_city_dispatcher: success (activate=success)",
-            "agentpost_maintenance: success (checkpoint=success, maintain=success, "
-            "verify=success)",
+            "agentpost_maintenance: success (archive_and_prune=success, checkpoint=success, "
+            "maintain=success, verify=success)",
             "ok   every contender holds its own resource after the boundaries: driver-a on "
             "spot-3, driver-b on spot-1, driver-c on spot-2",
             "dana confirms command", ", verified", "every one as expected"):
