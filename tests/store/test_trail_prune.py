@@ -11,6 +11,8 @@ key, which no signature covers and no check reads (sql/0086).
 from __future__ import annotations
 
 import json
+import threading
+import time
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -110,6 +112,43 @@ def test_archive_then_prune_and_the_trail_still_verifies(aged: tuple, pg: Any,
     assert recorded == [(cut, [month], pruned.dropped, pruned.kept)]
     # and the store goes on: new entries link to the kept heads
     store.send("w1", "coord", "query", "still there?")
+    assert store.verify_trail().ok
+
+
+def test_a_prune_beside_agents_at_work_fails_none_of_their_steps(aged: tuple, dsn: str,
+                                                                 tmp_path: Path) -> None:
+    """Two agents send, lease and ack the whole time a prune runs: none of their steps fails
+    (the drop waits for them and they for it, no deadlock), and the trail verifies after."""
+    store, cut, _ = aged
+    archive(store, str(tmp_path), cut)
+    stop, started = threading.Event(), threading.Barrier(3)
+    done: list[str] = []
+    errors: list[BaseException] = []
+
+    def agent(inbox: str) -> None:
+        with EnvelopeStore(dsn) as own:
+            started.wait()
+            while not stop.is_set():
+                try:
+                    done.append(own.send("coord", inbox, "directive", "beside").envelope_id)
+                    for lease in own.lease(inbox, max=10):
+                        own.ack(lease.token)
+                except BaseException as exc:  # any step failing fails the test
+                    errors.append(exc)
+                    return
+
+    agents = [threading.Thread(target=agent, args=(w,)) for w in ("w1", "w2")]
+    for t in agents:
+        t.start()
+    started.wait()
+    time.sleep(0.3)
+    pruned = prune(store, str(tmp_path), cut)
+    time.sleep(0.3)
+    stop.set()
+    for t in agents:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert pruned.dropped > 0 and len(done) > 10
     assert store.verify_trail().ok
 
 

@@ -108,17 +108,29 @@ def prune(store: EnvelopeStore, directory: str, cut: date, *,
         raise InvalidInput(f"{directory} holds no archive cut at {cut}: run agentpost trail "
                            f"archive --before {cut} first")
     checkpoint = _checkpoint(store, Path(directory) / taken.checkpoint)
+    # first the check and the entries kept, beside the agents' writes; then the drop, short,
+    # under the trail's exclusive lock. Nothing enters those months meanwhile (new entries
+    # go to this month's partition), and a drop that fails leaves the kept entries kept: a
+    # second prune finds them gone from the months and the rest still archived.
     with store.db.transaction() as conn, conn.cursor() as cur:
         parts = trail_partitions.droppable(cur, cut)
         if not parts:
             raise InvalidInput(f"no partition of the trail is wholly older than {cut}: "
                                "nothing to prune")
         _check_archived(cur, exported, parts)
-        dropped, kept = trail_partitions.drop(cur, parts, cut)
-        names = [p.name for p in parts]
-        cur.execute("INSERT INTO agentpost.trail_prunes (cut, checkpoint, partitions, dropped,"
-                    " kept, archive) VALUES (%s, %s, %s, %s, %s, %s)",
-                    (cut, checkpoint, names, dropped, kept, str(directory)[:4096]))
+        kept = trail_partitions.keep(cur, parts, cut)
+    names = [p.name for p in parts]
+    try:
+        with store.db.transaction() as conn, conn.cursor() as cur:
+            dropped = trail_partitions.drop(cur, parts)
+            cur.execute("INSERT INTO agentpost.trail_prunes (cut, checkpoint, partitions,"
+                        " dropped, kept, archive) VALUES (%s, %s, %s, %s, %s, %s)",
+                        (cut, checkpoint, names, dropped, kept, str(directory)[:4096]))
+    except StoreError as exc:
+        if "lock timeout" not in str(exc):
+            raise
+        raise StoreError(f"the trail stayed busy for {trail_partitions.LOCK_TIMEOUT_MS // 1000}"
+                         " s: nothing dropped; run the prune again") from None
     return PruneResult(cut=cut, partitions=names, dropped=dropped, kept=kept)
 
 

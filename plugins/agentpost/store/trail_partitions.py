@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["Partition", "drop", "droppable", "ensure_partitions"]
+__all__ = ["Partition", "drop", "droppable", "ensure_partitions", "keep"]
 
 _MONTHLY = "trail_p"
 LEGACY = "trail_legacy"
@@ -108,22 +108,28 @@ UPDATE agentpost.trail t SET part_day = '-infinity'
 """
 
 
-def drop(cur: Any, partitions: list[Partition], cut: date) -> tuple[int, int]:
-    """In the caller's transaction: keep what `KEEP` keeps, then detach and drop each
-    partition. Returns (entries dropped, entries kept)."""
+def keep(cur: Any, partitions: list[Partition], cut: date) -> int:
+    """Move what `KEEP` keeps out of `partitions` into trail_kept; how many entries. An
+    UPDATE like any other: the agents' appends go on beside it (they write this month)."""
     names = [_ident(p.name) for p in partitions]
-    cur.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
-    # the appends' lock first, so the move and the detach see one trail
-    cur.execute("LOCK TABLE agentpost.trail IN SHARE ROW EXCLUSIVE MODE")
     cur.execute("SELECT array_agg(('agentpost.' || n)::regclass::oid) FROM unnest(%s::text[]) n",
                 (names,))
-    oids = cur.fetchone()[0]
-    cur.execute(KEEP, {"oids": oids, "cut": cut})
-    kept = cur.rowcount
+    cur.execute(KEEP, {"oids": cur.fetchone()[0], "cut": cut})
+    return cur.rowcount
+
+
+def drop(cur: Any, partitions: list[Partition]) -> int:
+    """Detach and drop `partitions` in the caller's transaction; the entries dropped. It
+    takes the trail's ACCESS EXCLUSIVE lock first, waiting at most LOCK_TIMEOUT_MS: taken
+    later, as an upgrade of a weaker one, it would deadlock with an append that read a head
+    before it and inserts after."""
+    names = [_ident(p.name) for p in partitions]
+    cur.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
+    cur.execute("LOCK TABLE agentpost.trail IN ACCESS EXCLUSIVE MODE")
     dropped = 0
     for name in names:
         cur.execute(f"SELECT count(*) FROM agentpost.{name}")
         dropped += cur.fetchone()[0]
         cur.execute(f"ALTER TABLE agentpost.trail DETACH PARTITION agentpost.{name}")
         cur.execute(f"DROP TABLE agentpost.{name}")
-    return dropped, kept
+    return dropped
