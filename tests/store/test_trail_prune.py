@@ -40,15 +40,16 @@ def month_after(day: date) -> date:
     return date(day.year + day.month // 12, day.month % 12 + 1, 1)
 
 
-def partition(day: date) -> str:
-    return f"trail_p{day:%Y%m}"
+def partition(day: date, table: str = "trail") -> str:
+    return f"{table}_p{day:%Y%m}"
 
 
 def age(conn: Any, month: date) -> int:
     """Every entry so far, moved into `month`'s partition (made for it); how many."""
     rows(conn, "SELECT agentpost.trail_ensure_partitions(2, %s)", (month,))
-    rows(conn, "UPDATE agentpost.trail SET part_day = %s WHERE part_day >= '1900-01-02'",
-         (month + timedelta(days=14),))
+    for table in ("trail", "signals"):
+        rows(conn, f"UPDATE agentpost.{table} SET part_day = %s WHERE part_day >= '1900-01-02'",
+             (month + timedelta(days=14),))
     return count(conn, partition(month))
 
 
@@ -76,6 +77,7 @@ def test_archive_then_prune_and_the_trail_still_verifies(aged: tuple, pg: Any,
                                                         tmp_path: Path) -> None:
     store, cut, entries = aged
     month = partition(old_month())
+    signals = count(pg, partition(old_month(), "signals"))
     assert store.verify_trail().ok
     done = archive(store, str(tmp_path), cut)
     assert done.partitions == [month] and done.entries == entries
@@ -110,6 +112,9 @@ def test_archive_then_prune_and_the_trail_still_verifies(aged: tuple, pg: Any,
     assert store.verify_trail(since=tmp_path / done.checkpoint).ok
     recorded = rows(pg, "SELECT cut, partitions, dropped, kept FROM agentpost.trail_prunes")
     assert recorded == [(cut, [month], pruned.dropped, pruned.kept)]
+    # the month's signals went with it; the inboxes' signals since are still read
+    assert pruned.signals == signals > 0 and not exists(pg, partition(old_month(), "signals"))
+    assert [s.signal for s in store.signals("coord")][-1:] == ["acknowledged"]
     # and the store goes on: new entries link to the kept heads
     store.send("w1", "coord", "query", "still there?")
     assert store.verify_trail().ok
@@ -281,8 +286,10 @@ def test_maintenance_makes_the_months_ahead(store: EnvelopeStore, pg: Any) -> No
     from agentpost.store.maintenance import maintain
 
     ahead = month_after(month_after(datetime.now(UTC).date().replace(day=1)))
-    rows(pg, f"DROP TABLE agentpost.{partition(ahead)}")
-    assert maintain(store, vacuum=False)["trail_partitions_made"] == [partition(ahead)]
+    for table in ("trail", "signals"):
+        rows(pg, f"DROP TABLE agentpost.{partition(ahead, table)}")
+    assert maintain(store, vacuum=False)["trail_partitions_made"] == [
+        partition(ahead), partition(ahead, "signals")]
     assert exists(pg, partition(ahead))
     assert maintain(store, vacuum=False)["trail_partitions_made"] == []
 
@@ -326,7 +333,7 @@ def test_a_store_upgraded_to_the_partitioned_trail_keeps_verifying_and_prunes_it
     conn = connect(empty_dsn)
     try:
         (last,) = rows(conn, "SELECT max(id) FROM agentpost.trail")[0]
-        assert migrate(empty_dsn) == ["0086_trail_partitions.sql"]
+        assert migrate(empty_dsn) == ["0086_trail_partitions.sql", "0087_signals_partitions.sql"]
         legacy = count(conn, "trail_legacy")
         assert legacy == count(conn) > 0
         with EnvelopeStore(empty_dsn) as store:
@@ -342,6 +349,7 @@ def test_a_store_upgraded_to_the_partitioned_trail_keeps_verifying_and_prunes_it
             assert "trail_legacy" in done.partitions
             pruned = prune(store, str(tmp_path / "archive"), tomorrow, now=later)
             assert pruned.partitions[0] == "trail_legacy" and not exists(conn, "trail_legacy")
+            assert pruned.signals > 0 and not exists(conn, "signals_legacy")
             assert pruned.dropped + pruned.kept == legacy
             assert store.verify_trail().ok
     finally:

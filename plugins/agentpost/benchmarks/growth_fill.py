@@ -95,8 +95,10 @@ SELECT b.id, nextval('agentpost.envelope_seq'), 'hist-s-' || b.j, 'hist-r-' || b
 """
 
 SIGNALS = """
-INSERT INTO agentpost.signals (workspace_id, signal, ref, reason, emitted_by, at)
-SELECT 'hist-s-' || b.j, s.signal, b.id, s.reason, s.emitted_by, b.t + s.after
+INSERT INTO agentpost.signals (workspace_id, signal, ref, reason, emitted_by, at, part_day)
+SELECT 'hist-s-' || b.j, s.signal, b.id, s.reason, s.emitted_by, b.t + s.after,
+       CASE WHEN b.j <= %(old_pairs)s THEN %(old_day)s::date
+            ELSE (now() AT TIME ZONE 'UTC')::date END
   FROM hist_batch b
  CROSS JOIN LATERAL (VALUES
        ('acknowledged', NULL, 'hist-r-' || b.j, interval '2 microseconds', b.kind <> 'rejected'),

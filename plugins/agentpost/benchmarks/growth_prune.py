@@ -32,6 +32,7 @@ class PruneNumbers:
     prune_s: float = 0.0
     dropped: int = 0
     kept: int = 0
+    signals: int = 0
     before: dict[str, int] = field(default_factory=dict)
     after: dict[str, int] = field(default_factory=dict)
 
@@ -53,13 +54,15 @@ def plan_old_half(cur: Any, filled: growth_fill.Filled, large: int) -> None:
 def sizes(side: Any) -> dict[str, int]:
     """Bytes on disk of the trail (every partition, indexes and TOAST included) and of the
     envelopes, and the trail's entries."""
-    total, entries, envelopes = side.store.db.fetchone(
+    total, entries, signals, envelopes = side.store.db.fetchone(
         "SELECT (SELECT sum(pg_total_relation_size(relid)) FROM"
         " pg_partition_tree('agentpost.trail') WHERE isleaf),"
         " (SELECT count(*) FROM agentpost.trail),"
+        " (SELECT sum(pg_total_relation_size(relid)) FROM"
+        " pg_partition_tree('agentpost.signals') WHERE isleaf),"
         " pg_total_relation_size('agentpost.envelopes')")
     return {"trail bytes": int(total), "trail entries": int(entries),
-            "envelopes bytes": int(envelopes)}
+            "signals bytes": int(signals), "envelopes bytes": int(envelopes)}
 
 
 def archive_and_prune(side: Any, filled: growth_fill.Filled) -> PruneNumbers:
@@ -78,6 +81,7 @@ def archive_and_prune(side: Any, filled: growth_fill.Filled) -> PruneNumbers:
         numbers.prune_s = time.perf_counter() - started
     numbers.archived, numbers.dropped, numbers.kept = (archived.entries, pruned.dropped,
                                                        pruned.kept)
+    numbers.signals = pruned.signals
     side.store.db.scalar("SELECT 1")  # the store still answers after the drop
     numbers.after = sizes(side)
     return numbers
@@ -91,8 +95,8 @@ def report_rows(report: Any, numbers: PruneNumbers) -> None:
                f"{numbers.archive_s:,.1f} s for {numbers.archived:,} entries")
     report.add("archive and prune half: prune (check + keep + drop)",
                f"{numbers.prune_s:,.1f} s: {numbers.dropped:,} entries dropped, "
-               f"{numbers.kept:,} kept")
-    for name in ("trail bytes", "envelopes bytes"):
+               f"{numbers.kept:,} kept; {numbers.signals:,} signals dropped")
+    for name in ("trail bytes", "signals bytes", "envelopes bytes"):
         before, after = numbers.before[name], numbers.after[name]
         report.add(f"archive and prune half: {name.split()[0]} size",
                    f"{before / mib:,.0f} MiB before, {after / mib:,.0f} MiB after "

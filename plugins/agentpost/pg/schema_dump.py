@@ -66,9 +66,10 @@ _VOLATILE = re.compile(
     r"|SELECT pg_catalog\.set_config\('search_path', '', false\);)$",
     re.MULTILINE,
 )
-# The trail's monthly partitions (sql/0086): which months exist depends on the day the
-# migration ran, so each object of one (its table, keys, indexes and their attachments) goes.
-_MONTHLY = re.compile(r"^--\n-- Name: [^\n]*\btrail_p\d{6}(?!\d)[^\n]*\n--\n"
+# The trail's and the signals' monthly partitions (sql/0086, sql/0087): which months exist
+# depends on the day the migration ran, so each object of one (its table, keys, indexes and
+# their attachments) goes.
+_MONTHLY = re.compile(r"^--\n-- Name: [^\n]*\b(?:trail|signals)_p\d{6}(?!\d)[^\n]*\n--\n"
                       r".*?(?=^--\n-- Name: |\Z)", re.MULTILINE | re.DOTALL)
 
 # Every routine of the schema with a digest of its whole definition, to see which migration

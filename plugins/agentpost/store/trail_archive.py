@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,7 @@ class PruneResult(BaseModel):
     partitions: list[str]
     dropped: int
     kept: int
+    signals: int = 0  # the signals dropped with the months
 
 
 def due(store: EnvelopeStore, cut: date) -> list[str]:
@@ -120,18 +122,27 @@ def prune(store: EnvelopeStore, directory: str, cut: date, *,
         _check_archived(cur, exported, parts)
         kept = trail_partitions.keep(cur, parts, cut)
     names = [p.name for p in parts]
+    with _busy("trail"), store.db.transaction() as conn, conn.cursor() as cur:
+        dropped = trail_partitions.drop(cur, parts)
+        cur.execute("INSERT INTO agentpost.trail_prunes (cut, checkpoint, partitions,"
+                    " dropped, kept, archive) VALUES (%s, %s, %s, %s, %s, %s)",
+                    (cut, checkpoint, names, dropped, kept, str(directory)[:4096]))
+    # the months' signals, which their signal_emitted entries (archived) repeat
+    with _busy("signals"), store.db.transaction() as conn, conn.cursor() as cur:
+        signals = trail_partitions.drop(cur, trail_partitions.droppable(cur, cut, "signals"))
+    return PruneResult(cut=cut, partitions=names, dropped=dropped, kept=kept, signals=signals)
+
+
+@contextmanager
+def _busy(table: str) -> Iterator[None]:
+    """A lock not had in time as a one-line StoreError that says what to do."""
     try:
-        with store.db.transaction() as conn, conn.cursor() as cur:
-            dropped = trail_partitions.drop(cur, parts)
-            cur.execute("INSERT INTO agentpost.trail_prunes (cut, checkpoint, partitions,"
-                        " dropped, kept, archive) VALUES (%s, %s, %s, %s, %s, %s)",
-                        (cut, checkpoint, names, dropped, kept, str(directory)[:4096]))
+        yield
     except StoreError as exc:
         if "lock timeout" not in str(exc):
             raise
-        raise StoreError(f"the trail stayed busy for {trail_partitions.LOCK_TIMEOUT_MS // 1000}"
-                         " s: nothing dropped; run the prune again") from None
-    return PruneResult(cut=cut, partitions=names, dropped=dropped, kept=kept)
+        raise StoreError(f"the {table} stayed busy for {trail_partitions.LOCK_TIMEOUT_MS // 1000}"
+                         " s: its months were not dropped; run the prune again") from None
 
 
 def _check_cut(cut: date, now: datetime | None) -> None:

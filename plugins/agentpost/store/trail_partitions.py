@@ -1,10 +1,12 @@
-"""The trail's partitions (sql/0086): which months a cut lets go, and the prune that drops them.
+"""The trail's partitions and the signals' (sql/0086, sql/0087): which months a cut lets go,
+and the prune that drops them.
 
-A month's partition can go once every entry in it is older than the cut: a `trail_pYYYYMM`
-whose month ends by the cut, and `trail_legacy` (the entries written before partitioning) once
-its newest entry is older. Dropping one keeps, in `trail_kept`, every entry of it that a
-verification or a row check will still read (`KEEP`), so the chains go on from their heads and
-the rows still open keep their history.
+A month's partition can go once every row in it is older than the cut: a `trail_pYYYYMM` (or
+`signals_pYYYYMM`) whose month ends by the cut, and `trail_legacy` (`signals_legacy`: the rows
+written before partitioning) once its newest row is older. Dropping the trail's keeps, in
+`trail_kept`, every entry of it that a verification or a row check will still read (`KEEP`),
+so the chains go on from their heads and the rows still open keep their history. A signal
+needs nothing kept: its `signal_emitted` entry says the same, and is archived.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from pydantic import BaseModel, ConfigDict
 
 __all__ = ["Partition", "drop", "droppable", "ensure_partitions", "keep"]
 
-_MONTHLY = "trail_p"
-LEGACY = "trail_legacy"
+#: the partitioned history tables, each with `<table>_pYYYYMM` months and `<table>_legacy`
+TABLES = ("trail", "signals")
 #: how long a prune waits for the trail's lock before it gives up (agents keep writing)
 LOCK_TIMEOUT_MS = 10_000
 
@@ -39,28 +41,40 @@ def ensure_partitions(cur: Any, months_ahead: int = 2) -> list[str]:
     return [r[0] for r in cur.fetchall()]
 
 
-def droppable(cur: Any, cut: date) -> list[Partition]:
-    """The partitions every entry of which is older than `cut` (midnight UTC), oldest first,
-    with their sizes; empty months included (they go too)."""
+def droppable(cur: Any, cut: date, table: str = "trail") -> list[Partition]:
+    """The partitions of `table` every row of which is older than `cut` (midnight UTC),
+    legacy first, then the months, with their sizes; empty months included (they go too)."""
+    if table not in TABLES:
+        raise ValueError(f"not a partitioned history table: {table!r}")
     cur.execute("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-                " WHERE i.inhparent = 'agentpost.trail'::regclass ORDER BY c.relname")
+                " WHERE i.inhparent = %s::regclass ORDER BY c.relname", (f"agentpost.{table}",))
     names = [r[0] for r in cur.fetchall()]
     midnight = datetime(cut.year, cut.month, cut.day, tzinfo=UTC)
     out = []
     for name in names:
-        if name.startswith(_MONTHLY) and _month_end(name) <= cut:
+        if _month(name) is not None and _month_end(name) <= cut:
             out.append(_sized(cur, name))
-        elif name == LEGACY:
+        elif name == f"{table}_legacy":
             part = _sized(cur, name)
-            cur.execute("SELECT max(at) FROM agentpost.trail_legacy")
+            cur.execute(f"SELECT max(at) FROM agentpost.{name}")
             newest = cur.fetchone()[0]
             if part.entries and newest < midnight:
                 out.append(part)
-    return sorted(out, key=lambda p: (p.name != LEGACY, p.name))
+    return sorted(out, key=lambda p: (not p.name.endswith("_legacy"), p.name))
+
+
+def _month(name: str) -> str | None:
+    """The YYYYMM of a monthly partition's name, else None."""
+    for table in TABLES:
+        digits = name.removeprefix(f"{table}_p")
+        if digits != name and len(digits) == 6 and digits.isdigit():
+            return digits
+    return None
 
 
 def _month_end(name: str) -> date:
-    year, month = int(name[len(_MONTHLY):][:4]), int(name[len(_MONTHLY):][4:])
+    digits = _month(name) or ""
+    year, month = int(digits[:4]), int(digits[4:])
     return date(year + month // 12, month % 12 + 1, 1)
 
 
@@ -71,8 +85,8 @@ def _sized(cur: Any, name: str) -> Partition:
 
 
 def _ident(name: str) -> str:
-    if not (name == LEGACY or (name.startswith(_MONTHLY) and name[len(_MONTHLY):].isdigit())):
-        raise ValueError(f"not a trail partition: {name!r}")
+    if _month(name) is None and name not in {f"{t}_legacy" for t in TABLES}:
+        raise ValueError(f"not a partition of a history table: {name!r}")
     return name
 
 
@@ -119,17 +133,22 @@ def keep(cur: Any, partitions: list[Partition], cut: date) -> int:
 
 
 def drop(cur: Any, partitions: list[Partition]) -> int:
-    """Detach and drop `partitions` in the caller's transaction; the entries dropped. It
-    takes the trail's ACCESS EXCLUSIVE lock first, waiting at most LOCK_TIMEOUT_MS: taken
-    later, as an upgrade of a weaker one, it would deadlock with an append that read a head
-    before it and inserts after."""
+    """Detach and drop `partitions`, all of one table, in the caller's transaction; the rows
+    dropped. It takes the table's ACCESS EXCLUSIVE lock first, waiting at most
+    LOCK_TIMEOUT_MS: taken later, as an upgrade of a weaker one, it would deadlock with an
+    append that read a head before it and inserts after. (One table per transaction: holding
+    one table's lock while waiting for another's deadlocks with a step that writes both.)"""
     names = [_ident(p.name) for p in partitions]
+    parents = {n.rsplit("_", 1)[0] for n in names}
+    if len(parents) > 1:
+        raise ValueError(f"partitions of more than one table: {sorted(parents)}")
+    parent = parents.pop() if parents else "trail"
     cur.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
-    cur.execute("LOCK TABLE agentpost.trail IN ACCESS EXCLUSIVE MODE")
+    cur.execute(f"LOCK TABLE agentpost.{parent} IN ACCESS EXCLUSIVE MODE")
     dropped = 0
     for name in names:
         cur.execute(f"SELECT count(*) FROM agentpost.{name}")
         dropped += cur.fetchone()[0]
-        cur.execute(f"ALTER TABLE agentpost.trail DETACH PARTITION agentpost.{name}")
+        cur.execute(f"ALTER TABLE agentpost.{parent} DETACH PARTITION agentpost.{name}")
         cur.execute(f"DROP TABLE agentpost.{name}")
     return dropped
