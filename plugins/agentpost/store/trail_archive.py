@@ -119,7 +119,7 @@ def prune(store: EnvelopeStore, directory: str, cut: date, *,
         if not parts:
             raise InvalidInput(f"no partition of the trail is wholly older than {cut}: "
                                "nothing to prune")
-        _check_archived(cur, exported, parts)
+        _check_archived(cur, exported, parts, cut)
         kept = trail_partitions.keep(cur, parts, cut)
     names = [p.name for p in parts]
     with _busy("trail"), store.db.transaction() as conn, conn.cursor() as cur:
@@ -220,7 +220,8 @@ def _tables(store: EnvelopeStore, lo: int, hi: int, pa: Any) -> Iterator[tuple[s
                     schema=schema)
 
 
-def _check_archived(cur: Any, exported: trail_export.Export, parts: list[Partition]) -> None:
+def _check_archived(cur: Any, exported: trail_export.Export, parts: list[Partition],
+                    cut: date) -> None:
     """Every entry of `parts` is in the archive as stored, or the prune is refused."""
     ids = [(p.min_id, p.max_id) for p in parts if p.max_id is not None]
     if not ids:
@@ -239,10 +240,11 @@ def _check_archived(cur: Any, exported: trail_export.Export, parts: list[Partiti
             buf = io.StringIO()
     _copy_in(cur, buf)
     names = ", ".join(f"'agentpost.{p.name}'::regclass" for p in parts)
+    # (the part_day bounds keep the months that stay out of the scan)
     cur.execute(f"SELECT count(*) FROM agentpost.trail t LEFT JOIN agentpost_archived a"
-                f" USING (id) WHERE t.tableoid IN ({names})"
-                f" AND (a.id IS NULL OR (a.prev_hash, a.hash, a.mac)"
-                f" IS DISTINCT FROM (t.prev_hash, t.hash, t.mac))")
+                f" USING (id) WHERE t.part_day >= '1900-01-01' AND t.part_day < %s"
+                f" AND t.tableoid IN ({names}) AND (a.id IS NULL OR (a.prev_hash, a.hash,"
+                f" a.mac) IS DISTINCT FROM (t.prev_hash, t.hash, t.mac))", (cut,))
     missing = cur.fetchone()[0]
     if missing:
         raise InvalidInput(f"{missing} entries of the partitions to drop are not in the archive "
