@@ -128,6 +128,10 @@ def sample_ids(dsn: str) -> tuple[list[str], list[str]]:
         cur.execute("SELECT id FROM agentpost.envelopes TABLESAMPLE SYSTEM (5) LIMIT %s",
                     (SAMPLE_IDS,))
         envelopes = [r[0] for r in cur.fetchall()]
+        if not envelopes:  # a small table's 5% of pages can be none: then sort it whole
+            cur.execute("SELECT id FROM agentpost.envelopes ORDER BY random() LIMIT %s",
+                        (SAMPLE_IDS,))
+            envelopes = [r[0] for r in cur.fetchall()]
     random.shuffle(envelopes)
     return inboxes, envelopes
 
