@@ -23,16 +23,11 @@ from agentpost.pg.db import translate
 from agentpost.protocol.errors import ConfigurationError
 from agentpost.spark import archive
 from agentpost.spark.settings import SparkSettings
+from agentpost.store.trail_export import TRAIL_COLUMNS, TRAIL_SELECT
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-#: every column of a trail entry a job may read (`at_us` as the record signs it)
-TRAIL_COLUMNS = ("id", "chain", "chain_seq", "event", "envelope_id", "at", "at_us", "record",
-                 "prev_hash", "hash", "mac")
-TRAIL_SELECT = ("SELECT id, chain, chain_seq, event, envelope_id, at, "
-                 "(extract(epoch FROM at) * 1000000)::bigint AS at_us, record, prev_hash, "
-                 "hash, mac FROM agentpost.trail")
 #: a partition holds at least this many ids (fewer, larger partitions for a small trail)
 MIN_PARTITION_ROWS = 50_000
 

@@ -34,11 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ArchiveResult", "PruneResult", "archive", "due", "prune"]
 
-COLUMNS = ("id", "chain", "chain_seq", "event", "envelope_id", "at", "at_us", "record",
-           "prev_hash", "hash", "mac")
-SELECT = ("SELECT id, chain, chain_seq, event, envelope_id, at, "
-          "(extract(epoch FROM at) * 1000000)::bigint, record, prev_hash, hash, mac "
-          "FROM agentpost.trail WHERE id BETWEEN %s AND %s ORDER BY id")
+SELECT = trail_export.TRAIL_SELECT + " WHERE id BETWEEN %s AND %s ORDER BY id"
 #: ids read, and archived ids checked, per statement
 CHUNK = 20_000
 #: a cut must be this far in the past: entries younger may still be committing

@@ -42,6 +42,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agentpost.protocol.errors import InvalidInput
 
 MANIFEST = "_agentpost_export.json"
+#: the columns an export holds (and a job reads), every one as stored; `at_us` computed as the
+#: signed record computes it, so checks compare like with like
+TRAIL_COLUMNS = ("id", "chain", "chain_seq", "event", "envelope_id", "at", "at_us", "record",
+                 "prev_hash", "hash", "mac")
+TRAIL_SELECT = ("SELECT id, chain, chain_seq, event, envelope_id, at, "
+                "(extract(epoch FROM at) * 1000000)::bigint AS at_us, record, prev_hash, "
+                "hash, mac FROM agentpost.trail")
 FORMAT = "agentpost.trail-export"
 
 
