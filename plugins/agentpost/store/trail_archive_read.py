@@ -60,8 +60,10 @@ def archived_predecessors(store: EnvelopeStore, wanted: set[tuple[str, int]]
                           ) -> dict[tuple[str, int], StoredEntry]:
     """The archived entries at the (chain, seq) positions `wanted`, those found (none when
     the trail was never pruned or its archive is out of reach)."""
+    if not wanted:  # every predecessor was found in Postgres: nothing to ask
+        return {}
     pruned = last_prune(store)
-    data = None if pruned is None or not wanted else _dataset(pruned[1])
+    data = None if pruned is None else _dataset(pruned[1])
     return {} if data is None else _at(data, wanted)
 
 
