@@ -9,7 +9,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -114,19 +114,46 @@ def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from plan_nodes(child)
 
 
-def table_reads(plans: list[dict[str, Any]], table: str) -> list[tuple[str, str, str, str]]:
+def table_reads(plans: list[dict[str, Any]], table: str,
+                roots: Mapping[str, str] | None = None) -> list[tuple[str, str, str, str]]:
     """(statement, node type, index, condition) for every read of agentpost.`table`: its
-    sequential scans and its scans of an index named after it."""
+    sequential scans (the table or partition scanned in place of the condition) and its
+    scans of an index named after it. With `roots` (`partition_roots`)
+    a partition's scan counts as its table's and a partition's index is named by the
+    partitioned index it belongs to."""
+    roots = roots or {}
     found = []
     for entry in plans:
         query = " ".join(entry["Query Text"].split())[:160]
         for node in plan_nodes(entry["Plan"]):
-            index = node.get("Index Name", "")
-            if node.get("Relation Name") == table and node["Node Type"] == "Seq Scan":
-                found.append((query, "Seq Scan", "", ""))
+            index = roots.get(node.get("Index Name", ""), node.get("Index Name", ""))
+            relation = roots.get(node.get("Relation Name", ""), node.get("Relation Name"))
+            if relation == table and node["Node Type"] == "Seq Scan":
+                found.append((query, "Seq Scan", "", node.get("Relation Name", "")))
             elif index.startswith(table):
                 found.append((query, node["Node Type"], index, node.get("Index Cond", "")))
     return found
+
+
+def partition_roots(conn: Any) -> dict[str, str]:
+    """Every partition of an agentpost table, and every index of one, by name: the name of
+    the partitioned table or index it belongs to (a partition's own primary key, which no
+    parent index holds, is named `<table>_pkey`)."""
+    found = rows(conn, """
+        SELECT c.relname, r.relname, c.relkind
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+          JOIN pg_class r ON r.oid = pg_partition_root(c.oid)
+         WHERE n.nspname = 'agentpost' AND r.oid <> c.oid""")
+    out = {name: root for name, root, _kind in found}
+    keys = rows(conn, """
+        SELECT i.relname, r.relname
+          FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
+          JOIN pg_class t ON t.oid = x.indrelid
+          JOIN pg_class r ON r.oid = pg_partition_root(t.oid)
+          JOIN pg_namespace n ON n.oid = t.relnamespace
+         WHERE n.nspname = 'agentpost' AND x.indisprimary AND r.oid <> t.oid""")
+    out.update({index: f"{root}_pkey" for index, root in keys})
+    return out
 
 
 def unique_db_name(kind: str) -> str:

@@ -33,6 +33,8 @@ GOALS = (
     r"empty store's \(lowest ratio [\d.]+\)",
     r"after the prune the trail's size follows what is left of it \([\d.]+x the bytes for "
     r"[\d.]+x the entries\)",
+    r"after the prune the envelopes' size follows what is left of it \([\d.]+x the bytes for "
+    r"[\d.]+x the rows\)",
 )
 
 
@@ -92,7 +94,10 @@ def test_bench_growth_prints_every_size_ratio_and_goal(
     assert re.search(r"history filled\s+10,000 envelopes in 10 inbox pairs", out), out
     # the older half archived and pruned, then measured again (issue 26)
     assert re.search(r"archive and prune half: prune \(check \+ keep \+ drop\)\s+[\d.]+ s: "
-                     r"[1-9][\d,]* entries dropped, [1-9][\d,]* kept", out), out
+                     r"[1-9][\d,]* entries dropped, [1-9][\d,]* kept; [\d,]+ signals and "
+                     r"[1-9][\d,]* envelope rows dropped", out), out
+    assert re.search(r"archive and prune half: envelopes rows\s+([\d,]+) before, ([\d,]+) "
+                     r"after", out), out
     assert re.search(r"archive and prune half: trail size\s+[\d,]+ MiB before, [\d,]+ MiB "
                      r"after", out), out
     for label in RATES:

@@ -16,6 +16,7 @@ from agentpost.spark.export import main, run_export
 from agentpost.spark.settings import SparkSettings
 from agentpost.spark.source import Snapshot
 from agentpost.store import EnvelopeStore
+from dbtools import rows
 
 KEY = b"agentpost-test-trail-key"
 TEN_DAYS_AGO = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - \
@@ -124,7 +125,9 @@ def test_after_a_prune_the_jobs_read_archive_plus_live_and_the_audit_passes(
         spark, dsn: str, pg, tmp_path: Path) -> None:
     """Issue 26: once `agentpost trail prune` dropped a month, the jobs read its entries from
     the archive and the rest from Postgres, each once (the entries kept in Postgres are read
-    from the archive), and the Spark audit verifies every chain across the cut."""
+    from the archive), and the Spark audit verifies every chain across the cut; the envelope
+    rows the prune dropped are read from the archive too, so every row the entries name is
+    found and checked."""
     from agentpost.spark.audit import run_audit
     from agentpost.store.trail_archive import archive as take_archive
     from agentpost.store.trail_archive import prune
@@ -133,6 +136,10 @@ def test_after_a_prune_the_jobs_read_archive_plus_live_and_the_audit_passes(
 
     with EnvelopeStore(dsn) as store:
         build(store)
+        for n in range(3):  # consumed in the old month: their rows leave with it
+            store.send("coord", "w1", "directive", f"step {n}")
+        for lease in store.lease("w1", max=5):
+            store.ack(lease.token)
         month = old_month()
         age(pg, month)
         cut = month.replace(month=month.month % 12 + 1, year=month.year + month.month // 12)
@@ -144,12 +151,15 @@ def test_after_a_prune_the_jobs_read_archive_plus_live_and_the_audit_passes(
             everything = _rows(snap.trail())
         pruned = prune(store, str(tmp_path), cut)
         key = store.settings.trail_key
-    assert pruned.dropped > 0 and pruned.kept > 0
+    assert pruned.dropped > 0 and pruned.kept > 0 and pruned.envelopes > 0
     settings = SparkSettings(dsn=dsn, archive=str(tmp_path), trail_key=key)
     with Snapshot(spark, settings) as snap:
-        assert _rows(snap.trail()) == everything
-        assert snap.trail_count() == len(everything)
+        read = _rows(snap.trail())
+        assert [r for r in read if r[3] != "rows_pruned"] == everything
+        assert snap.trail_count() == len(everything) + 1  # and the prune's rows_pruned
     report = run_audit(spark, settings)
     assert report.ok, {n: c.first for n, c in report.checks.items() if c.failed}
+    live = rows(pg, "SELECT count(*) FROM agentpost.envelopes")[0][0]
+    assert report.checks["envelope_rows"].checked == live + pruned.envelopes
     # without the archive, the audit sees chains that start past seq 1 and fails
     assert not run_audit(spark, SparkSettings(dsn=dsn, trail_key=key)).ok

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from agentpost.store import EnvelopeStore
-from dbtools import Plans, connect, plan_nodes, rows, table_reads
+from dbtools import Plans, connect, partition_roots, plan_nodes, rows, table_reads
 
 HISTORY = 1_000_000
 BACKLOG = 1_000_000  # waiting, unleased, in one other inbox
@@ -77,13 +77,22 @@ SELECT %(prefix)s || g, nextval('agentpost.envelope_seq'), %(sender)s, %(inbox)s
 """
 
 
-def assert_hot(plans: list[dict[str, Any]], what: str) -> list[tuple[str, str, str, str]]:
-    """Every read of envelopes goes through the primary key or a hot partial index."""
-    reads = table_reads(plans, "envelopes")
+def assert_hot(plans: list[dict[str, Any]], what: str, roots: dict[str, str], conn: Any
+               ) -> list[tuple[str, str, str, str]]:
+    """Every read of envelopes (each of its monthly partitions, sql/0088) goes through the
+    primary key or a hot partial index; but a partition that holds no row (a month ahead,
+    the kept rows of a store never pruned) may be scanned whole: that reads nothing."""
+    reads = table_reads(plans, "envelopes", roots)
     assert reads, f"{what}: no read of envelopes was explained"
-    bad = [r for r in reads if r[2] not in ALLOWED]
+    bad = [r for r in reads if r[2] not in ALLOWED and not _empty_partition(r, conn)]
     assert not bad, f"{what} reads envelopes outside the hot indexes: {bad}"
     return reads
+
+
+def _empty_partition(read: tuple[str, str, str, str], conn: Any) -> bool:
+    if read[1] != "Seq Scan" or read[3] in ("", "envelopes"):
+        return False
+    return rows(conn, f"SELECT NOT EXISTS (SELECT 1 FROM agentpost.{read[3]})")[0][0]
 
 
 def _statement(plans: list[dict[str, Any]], pattern: str) -> dict[str, Any]:
@@ -144,53 +153,58 @@ def _exercise(big: dict[str, Any], label: str) -> None:
         store.send_many([{"from": lead, "to": ws["late"], "type": "directive",
                           "content": f"l{i}"} for i in range(30)])
         plans = Plans(store.db.cursor)
+        roots = partition_roots(big["conn"])
 
         count, p = plans.of(lambda: store.leasable(ws["hot"]))
         assert count == 170
-        reads = assert_hot(p, f"{label}: leasable")
+        reads = assert_hot(p, f"{label}: leasable", roots, big["conn"])
         assert {r[2] for r in reads} == {"envelopes_ready"}
         assert all("recipient" in r[3] for r in reads), reads
 
         leases, p = plans.of(lambda: store.lease(ws["hot"], max=100, holder="c1"))
         assert [lease.envelope.id for lease in leases] == urgent + normal[:80]
-        assert_hot(p, f"{label}: lease")
+        assert_hot(p, f"{label}: lease", roots, big["conn"])
         claim = _statement(p, r"LIMIT p_max\s+FOR UPDATE SKIP LOCKED")
+        # one ordered scan of each month's part of envelopes_ready, merged in order, under
+        # the LIMIT (no sort: Merge Append keeps the index's order)
         scans = [n for n in plan_nodes(claim["Plan"]) if n.get("Index Name")]
-        assert [(n["Node Type"], n["Index Name"]) for n in scans] == [
-            ("Index Scan", "envelopes_ready")], scans
-        assert "recipient" in scans[0]["Index Cond"]
+        assert {(n["Node Type"], roots.get(n["Index Name"], n["Index Name"]))
+                for n in scans} == {("Index Scan", "envelopes_ready")}, scans
+        assert all("recipient" in n["Index Cond"] for n in scans), scans
         assert any(n["Node Type"] == "Limit" for n in plan_nodes(claim["Plan"]))
+        assert not any(n["Node Type"] == "Sort" for n in plan_nodes(claim["Plan"]))
 
         acked, p = plans.of(lambda: store.ack_many([lease.token for lease in leases]))
         assert acked == 100
-        reads = assert_hot(p, f"{label}: ack")
+        reads = assert_hot(p, f"{label}: ack", roots, big["conn"])
         assert {r[2] for r in reads} == {"envelopes_pkey"}, reads
 
         leases, p = plans.of(lambda: store.lease(ws["hot"], max=100, holder="c2"))
         assert [lease.envelope.id for lease in leases] == normal[80:]
-        assert_hot(p, f"{label}: second lease")
+        assert_hot(p, f"{label}: second lease", roots, big["conn"])
         _, p = plans.of(lambda: store.heartbeat(leases[0].token, ttl=60))
-        assert {r[2] for r in assert_hot(p, f"{label}: heartbeat")} == {"envelopes_pkey"}
+        reads = assert_hot(p, f"{label}: heartbeat", roots, big["conn"])
+        assert {r[2] for r in reads} == {"envelopes_pkey"}
         nacked, p = plans.of(lambda: store.nack(leases[0].token))
         assert nacked.redeliveries == 1
-        assert_hot(p, f"{label}: nack")
+        assert_hot(p, f"{label}: nack", roots, big["conn"])
         _, p = plans.of(lambda: store.ack_many([lease.token for lease in leases[1:]]))
-        assert_hot(p, f"{label}: second ack")
+        assert_hot(p, f"{label}: second ack", roots, big["conn"])
         last = store.lease(ws["hot"], max=10, ttl=0.001)
         assert [lease.envelope.id for lease in last] == [normal[80]]  # the nacked one
         time.sleep(0.05)
 
         result, p = plans.of(store.expire_leases)
         assert result["expired"] == 1
-        assert_hot(p, f"{label}: expire_leases")
+        assert_hot(p, f"{label}: expire_leases", roots, big["conn"])
 
         result, p = plans.of(lambda: store.transition(ws["late"], "active"))
         assert result["delivered"] == 30
-        reads = assert_hot(p, f"{label}: delivery on resume")
+        reads = assert_hot(p, f"{label}: delivery on resume", roots, big["conn"])
         assert "envelopes_pending" in {r[2] for r in reads}
 
         _, p = plans.of(store.redeliver)
-        assert_hot(p, f"{label}: redeliver")
+        assert_hot(p, f"{label}: redeliver", roots, big["conn"])
         assert store.leasable(ws["small"]) == SMALL + EARLY
         _drain_inbox(store, ws["hot"])
         _drain_inbox(store, ws["late"])
@@ -207,8 +221,9 @@ def test_hot_path_plans_stay_on_hot_indexes_as_history_grows(big: dict[str, Any]
     out the right envelopes in processing order on that store."""
     conn = big["conn"]
     _exercise(big, "stale statistics (analysed while small)")
-    rows(conn, "DELETE FROM pg_statistic WHERE starelid = 'agentpost.envelopes'::regclass")
-    rows(conn, "UPDATE pg_class SET reltuples = -1 WHERE oid = 'agentpost.envelopes'::regclass")
+    tree = "SELECT relid FROM pg_partition_tree('agentpost.envelopes')"  # and its months
+    rows(conn, f"DELETE FROM pg_statistic WHERE starelid IN ({tree})")
+    rows(conn, f"UPDATE pg_class SET reltuples = -1 WHERE oid IN ({tree})")
     _exercise(big, "no statistics")
     rows(conn, "ANALYZE agentpost.envelopes")
     _exercise(big, "fresh statistics")

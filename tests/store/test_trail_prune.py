@@ -11,6 +11,7 @@ key, which no signature covers and no check reads (sql/0086).
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from datetime import UTC, date, datetime, timedelta
@@ -45,9 +46,10 @@ def partition(day: date, table: str = "trail") -> str:
 
 
 def age(conn: Any, month: date) -> int:
-    """Every entry so far, moved into `month`'s partition (made for it); how many."""
+    """Every entry so far, and every signal and envelope, moved into `month`'s partition
+    (made for it); how many entries."""
     rows(conn, "SELECT agentpost.trail_ensure_partitions(2, %s)", (month,))
-    for table in ("trail", "signals"):
+    for table in ("trail", "signals", "envelopes"):
         rows(conn, f"UPDATE agentpost.{table} SET part_day = %s WHERE part_day >= '1900-01-02'",
              (month + timedelta(days=14),))
     return count(conn, partition(month))
@@ -63,9 +65,11 @@ def exists(conn: Any, table: str) -> bool:
 
 @pytest.fixture
 def aged(store: EnvelopeStore, pg: Any) -> tuple[EnvelopeStore, date, int]:
-    """build()'s traffic, plus one envelope consumed and one left waiting in w2's inbox, all
-    of it four months old: (store, the cut after that month, entries aged)."""
+    """build()'s traffic, plus four envelopes consumed by w1 and one left waiting in w2's
+    inbox, all of it four months old: (store, the cut after that month, entries aged)."""
     build(store)
+    for n in range(3):
+        store.send("coord", "w1", "directive", f"step {n}")
     leased = store.lease("w1", max=5)
     for lease in leased:
         store.ack(lease.token)
@@ -76,15 +80,20 @@ def aged(store: EnvelopeStore, pg: Any) -> tuple[EnvelopeStore, date, int]:
 def test_archive_then_prune_and_the_trail_still_verifies(aged: tuple, pg: Any,
                                                         tmp_path: Path) -> None:
     store, cut, entries = aged
-    month = partition(old_month())
+    month, envelope_month = partition(old_month()), partition(old_month(), "envelopes")
     signals = count(pg, partition(old_month(), "signals"))
+    envelopes = count(pg, envelope_month)
     assert store.verify_trail().ok
     done = archive(store, str(tmp_path), cut)
-    assert done.partitions == [month] and done.entries == entries
+    assert done.partitions == [month, envelope_month] and done.entries == entries
     manifest = json.loads((tmp_path / MANIFEST).read_text())
     assert manifest["version"] == 2 and manifest["cuts"][0]["cut"] == cut.isoformat()
     archived = pq.read_table(str(tmp_path / done.batch)).num_rows
     assert archived == entries
+    # the envelopes' rows as stored, content included
+    copied = pq.read_table(str(tmp_path / manifest["cuts"][0]["envelopes"]))
+    assert copied.num_rows == done.envelopes == envelopes > 0
+    assert {json.loads(r)["content"] for r in copied.column("row").to_pylist()} >= {"start"}
     # after the cut: the waiting envelope (created in the old month) is leased and acked
     waiting = store.lease("w2", max=5)
     assert waiting
@@ -92,15 +101,24 @@ def test_archive_then_prune_and_the_trail_still_verifies(aged: tuple, pg: Any,
         store.ack(lease.token)
     store.send("coord", "w1", "directive", "after the cut")
     total = count(pg)
+    chains = rows(pg, "SELECT count(DISTINCT chain) FROM agentpost.trail")[0][0]
 
     pruned = prune(store, str(tmp_path), cut)
-    assert pruned.partitions == [month] and not exists(pg, month)
+    assert pruned.partitions == [month, envelope_month] and not exists(pg, month)
     assert pruned.dropped + pruned.kept == entries and 0 < pruned.kept < entries
-    assert count(pg) == total - pruned.dropped
+    # the envelopes' month went too; the rows still named (the one consumed after the cut,
+    # those a chain's kept head names) stay, with their whole history
+    assert not exists(pg, envelope_month)
+    assert pruned.envelopes + count(pg, "envelopes_kept") == envelopes
+    assert 0 < pruned.envelopes < envelopes
+    named = rows(pg, "SELECT count(*) FROM agentpost.envelopes_kept e WHERE NOT EXISTS"
+                     " (SELECT 1 FROM agentpost.trail_kept t WHERE t.envelope_id = e.id"
+                     " AND t.event IN ('envelope_created', 'envelope_rejected'))")[0][0]
+    assert named == 0
+    assert count(pg) == total - pruned.dropped + 1  # and the system chain's rows_pruned
     assert count(pg, "trail_kept") == pruned.kept
     # every chain's head at the cut stays, and the consumed-after-the-cut envelope's entries
     heads = rows(pg, "SELECT count(DISTINCT chain) FROM agentpost.trail_kept")[0][0]
-    chains = rows(pg, "SELECT count(DISTINCT chain) FROM agentpost.trail")[0][0]
     assert heads == chains
     for lease in waiting:
         created = rows(pg, "SELECT count(*) FROM agentpost.trail_kept WHERE envelope_id = %s"
@@ -109,9 +127,17 @@ def test_archive_then_prune_and_the_trail_still_verifies(aged: tuple, pg: Any,
     result = store.verify_trail()
     assert result.ok, result.failure
     assert result.since_taken_at is not None  # since the prune's checkpoint
+    # its row digests, less the rows the prune says it dropped, are the tables' to the row
+    assert result.since_rows == "all" and result.rows_unaccounted == ()
     assert store.verify_trail(since=tmp_path / done.checkpoint).ok
-    recorded = rows(pg, "SELECT cut, partitions, dropped, kept FROM agentpost.trail_prunes")
-    assert recorded == [(cut, [month], pruned.dropped, pruned.kept)]
+    recorded = rows(pg, "SELECT cut, partitions, dropped, kept, envelopes"
+                        " FROM agentpost.trail_prunes")
+    assert recorded == [(cut, [month], pruned.dropped, pruned.kept, pruned.envelopes)]
+    # the system chain says how many rows left, signed: a run since an older checkpoint
+    # takes them off that checkpoint's row digests
+    (body,) = rows(pg, "SELECT record::jsonb -> 'body' FROM agentpost.trail"
+                       " WHERE chain = 'system' AND event = 'rows_pruned'")[0]
+    assert body["kind"] == "envelope" and body["count"] == pruned.envelopes
     # the month's signals went with it; the inboxes' signals since are still read
     assert pruned.signals == signals > 0 and not exists(pg, partition(old_month(), "signals"))
     assert [s.signal for s in store.signals("coord")][-1:] == ["acknowledged"]
@@ -182,6 +208,48 @@ def test_a_deleted_open_envelope_is_caught_after_the_prune(aged: tuple, pg: Any,
     assert [(r.kind, r.id) for r in result.missing_rows] == [("envelope", waiting)]
 
 
+def test_a_kept_row_deleted_after_the_prune_is_caught(aged: tuple, pg: Any,
+                                                     tmp_path: Path) -> None:
+    """WACP §3 Integrity across a prune: a row kept because a chain's kept head names it,
+    which no entry since the cut's checkpoint names, deleted outright: the row digests (the
+    checkpoint's, less the prune's `rows_pruned`) differ from the table's, and the run looks
+    for every row the trail still names."""
+    store, cut, _ = aged
+    archive(store, str(tmp_path), cut)
+    prune(store, str(tmp_path), cut)
+    assert store.verify_trail().ok
+    (kept,) = rows(pg, "SELECT e.id FROM agentpost.envelopes_kept e WHERE e.consumed_at IS NOT"
+                       " NULL AND NOT EXISTS (SELECT 1 FROM agentpost.trail t WHERE"
+                       " t.envelope_id = e.id AND t.part_day > '1900-01-01') LIMIT 1")[0]
+    rows(pg, "DELETE FROM agentpost.envelopes WHERE id = %s", (kept,))
+    result = store.verify_trail()
+    assert not result.ok
+    assert [(r.kind, r.id) for r in result.missing_rows] == [("envelope", kept)]
+
+
+def test_a_prune_cut_short_before_the_envelopes_goes_on_when_run_again(
+        aged: tuple, pg: Any, tmp_path: Path) -> None:
+    """A prune that stopped after dropping the trail's month (a lost connection, say) leaves
+    a store that verifies; run again, it drops the envelopes' month it had not reached."""
+    from agentpost.store import trail_export, trail_partitions
+    from agentpost.store.trail_archive import _prune_trail
+
+    store, cut, _ = aged
+    done = archive(store, str(tmp_path), cut)
+    with store.db.cursor() as cur:
+        parts = trail_partitions.droppable(cur, cut)
+    _prune_trail(store, trail_export.load(str(tmp_path)), parts, cut,
+                 (tmp_path / done.checkpoint).read_text())
+    envelopes = partition(old_month(), "envelopes")
+    assert not exists(pg, partition(old_month())) and exists(pg, envelopes)
+    assert store.verify_trail().ok
+    again = prune(store, str(tmp_path), cut)
+    assert again.partitions == [envelopes] and again.dropped == 0 and again.envelopes > 0
+    assert not exists(pg, envelopes)
+    result = store.verify_trail()
+    assert result.ok and result.rows_unaccounted == ()
+
+
 def _rewrite(path: Path, change: Any) -> None:
     table = pq.read_table(str(path))
     pq.write_table(change(table), str(path))
@@ -205,12 +273,31 @@ def _edit_mac(table: pa.Table) -> pa.Table:
                             pa.array(macs, type=pa.binary()))
 
 
-@pytest.mark.parametrize("damage", ["no cut", "checkpoint", "record", "row", "mac", "file"])
+def _edit_envelope(table: pa.Table) -> pa.Table:
+    """An archived envelope that leaves (`step 0`, consumed, no chain's head) with its
+    content changed."""
+    stored = table.column("row").to_pylist()
+    at = next(i for i, r in enumerate(stored) if json.loads(r)["content"] == "step 0")
+    stored[at] = stored[at].replace('"step 0"', '"step 9"')
+    return table.set_column(table.schema.get_field_index("row"), "row",
+                            pa.array(stored, type=pa.string()))
+
+
+def _drop_envelope(table: pa.Table) -> pa.Table:
+    keep = [json.loads(r)["content"] != "step 0" for r in table.column("row").to_pylist()]
+    return table.filter(pa.array(keep))
+
+
+@pytest.mark.parametrize("damage", ["no cut", "checkpoint", "record", "row", "mac", "file",
+                                    "envelope edited", "envelope missing"])
 def test_prune_refuses_unless_the_archive_and_its_checkpoint_verify(
         aged: tuple, pg: Any, tmp_path: Path, damage: str) -> None:
+    """Nothing is dropped, of the trail or of the envelopes, unless the cut's checkpoint
+    verifies and every entry and every envelope row that would leave is archived as stored."""
     store, cut, _ = aged
     done = archive(store, str(tmp_path), cut)
     files = sorted((tmp_path / done.batch).rglob("*.parquet"))
+    envelope_files = sorted((tmp_path / f"envelopes-{cut}").rglob("*.parquet"))
     if damage == "no cut":
         manifest = json.loads((tmp_path / MANIFEST).read_text())
         manifest["cuts"] = []
@@ -222,6 +309,9 @@ def test_prune_refuses_unless_the_archive_and_its_checkpoint_verify(
         path.write_text(text[:at] + ("0" if text[at] != "0" else "1") + text[at + 1:])
     elif damage == "file":
         files[0].write_bytes(b"not parquet")
+    elif damage.startswith("envelope"):
+        _rewrite(envelope_files[0], _edit_envelope if damage.endswith("edited")
+                 else _drop_envelope)
     else:
         _rewrite(files[0], {"record": _edit_record, "row": _drop_row, "mac": _edit_mac}[damage])
     total = count(pg)
@@ -229,7 +319,9 @@ def test_prune_refuses_unless_the_archive_and_its_checkpoint_verify(
         prune(store, str(tmp_path), cut)
     assert "\n" not in str(refused.value)
     assert count(pg) == total and exists(pg, partition(old_month()))
+    assert exists(pg, partition(old_month(), "envelopes"))
     assert count(pg, "trail_kept") == 0 and count(pg, "trail_prunes") == 0
+    assert count(pg, "envelopes_kept") == 0
 
 
 def test_a_batch_a_crashed_archive_left_is_written_afresh(aged: tuple, pg: Any,
@@ -309,6 +401,7 @@ def test_cli_trail_archive_and_prune(aged: tuple, dsn: str, tmp_path: Path) -> N
                        "--archive", str(tmp_path))
     assert pruned.code == 0, pruned.err
     assert "entries dropped" in pruned.out and "kept" in pruned.out
+    assert re.search(r"[1-9]\d* envelope rows dropped, [1-9]\d* kept", pruned.out), pruned.out
     verified = agentpost(dsn, "verify")
     assert verified.code == 0 and "since the checkpoint" in verified.out
 
@@ -333,8 +426,11 @@ def test_a_store_upgraded_to_the_partitioned_trail_keeps_verifying_and_prunes_it
     conn = connect(empty_dsn)
     try:
         (last,) = rows(conn, "SELECT max(id) FROM agentpost.trail")[0]
-        assert migrate(empty_dsn) == ["0086_trail_partitions.sql", "0087_signals_partitions.sql"]
+        assert migrate(empty_dsn) == ["0086_trail_partitions.sql", "0087_signals_partitions.sql",
+                                      "0088_envelopes_partitions.sql"]
         legacy = count(conn, "trail_legacy")
+        envelopes = count(conn, "envelopes_legacy")
+        assert envelopes == count(conn, "envelopes") > 0
         assert legacy == count(conn) > 0
         with EnvelopeStore(empty_dsn) as store:
             assert store.verify_trail().ok
@@ -351,6 +447,8 @@ def test_a_store_upgraded_to_the_partitioned_trail_keeps_verifying_and_prunes_it
             assert pruned.partitions[0] == "trail_legacy" and not exists(conn, "trail_legacy")
             assert pruned.signals > 0 and not exists(conn, "signals_legacy")
             assert pruned.dropped + pruned.kept == legacy
+            assert "envelopes_legacy" in pruned.partitions and not exists(conn, "envelopes_legacy")
+            assert pruned.envelopes + count(conn, "envelopes_kept") == envelopes
             assert store.verify_trail().ok
     finally:
         conn.close()

@@ -25,11 +25,13 @@ BOSS = "ar-boss"
 @pytest.fixture(scope="module")
 def pruned(st: EnvelopeStore, module_dsn: str, tmp_path_factory: pytest.TempPathFactory
            ) -> dict[str, str]:
-    """One envelope consumed and one waiting, both before the cut; the month pruned."""
+    """Two envelopes consumed (the first one's row leaves with the month: nothing that
+    stays names it) and one waiting, all before the cut; the month pruned."""
     st.create_workspace("worker", parent=BOSS, workspace_id="ar-w")
+    gone = st.send(BOSS, "ar-w", "directive", "gone long ago").envelope_id
     done = st.send(BOSS, "ar-w", "directive", "finished long ago").envelope_id
-    [lease] = st.lease("ar-w", 1)
-    st.ack(lease.token)
+    for lease in st.lease("ar-w", 2):
+        st.ack(lease.token)
     waiting = st.send(BOSS, "ar-w", "directive", "still waiting").envelope_id
     directory = tmp_path_factory.mktemp("archive")
     conn = connect(module_dsn)
@@ -41,7 +43,7 @@ def pruned(st: EnvelopeStore, module_dsn: str, tmp_path_factory: pytest.TempPath
         prune(st, str(directory), cut)
     finally:
         conn.close()
-    return {"done": done, "waiting": waiting, "dir": str(directory)}
+    return {"gone": gone, "done": done, "waiting": waiting, "dir": str(directory)}
 
 
 def test_an_archived_envelope_shows_its_entries_from_the_archive(web, st, pruned) -> None:
@@ -59,6 +61,29 @@ def test_an_archived_envelope_shows_its_entries_from_the_archive(web, st, pruned
     assert api["archived"]["reachable"] and api["all_verified"]
 
 
+def test_an_envelope_whose_row_was_pruned_is_shown_from_the_archive(web, st, pruned,
+                                                                    module_dsn: str) -> None:
+    """The row left Postgres with its month: the page shows the archive's copy of it (the
+    content included), says so, and checks its entries from the archive."""
+    conn = connect(module_dsn)
+    try:
+        assert rows(conn, "SELECT count(*) FROM agentpost.envelopes WHERE id = %s",
+                    (pruned["gone"],))[0][0] == 0
+    finally:
+        conn.close()
+    page = web.client("viewer").get(f"/agentpost/envelopes/{pruned['gone']}")
+    assert page.status_code == 200, page.text[-2000:]
+    assert 'id="row-archived"' in page.text and "gone long ago" in page.text
+    assert set(verdicts(page.text).values()) == {"yes"}
+    events = [e for e, _ in re.findall(r'<li data-event="(\w+)" data-entry="(\d+)">', page.text)]
+    assert events[0] == "envelope_created" and "envelope_consumed" in events
+    api = web.client("viewer").get(f"/agentpost/api/envelopes/{pruned['gone']}").json()
+    assert api["envelope"]["payload"]["content"] == "gone long ago" and api["all_verified"]
+    assert api["envelope"]["consumed_at"] is not None and api["lease"]["leases"] == 1
+    # an id that never was stays unknown
+    assert web.client("viewer").get("/agentpost/envelopes/never-was").status_code == 404
+
+
 def test_an_envelope_open_at_the_cut_keeps_its_entries_in_postgres(web, pruned) -> None:
     page = web.client("viewer").get(f"/agentpost/envelopes/{pruned['waiting']}")
     assert page.status_code == 200 and 'id="archived"' not in page.text
@@ -70,7 +95,7 @@ def test_an_archived_entry_edited_in_the_archive_shows_as_not_verifying(
         web, pruned, module_dsn: str, tmp_path: Path) -> None:
     copy = tmp_path / "copy"
     shutil.copytree(pruned["dir"], copy)
-    for path in copy.rglob("*.parquet"):
+    for path in copy.rglob("batch-*/*/*.parquet"):  # the entries (not the envelope rows)
         table = pq.read_table(str(path))
         records = [r.replace('"body"', '"body" ') if json.loads(r)["body"].get("envelope_id")
                    == pruned["done"] else r for r in table.column("record").to_pylist()]
@@ -91,12 +116,15 @@ def test_an_unreachable_archive_is_said_so(web, pruned, module_dsn: str) -> None
     conn = connect(module_dsn)
     try:
         rows(conn, "UPDATE agentpost.trail_prunes SET archive = '/nowhere/archive'")
-        page = web.client("viewer").get(f"/agentpost/envelopes/{pruned['done']}")
-        assert page.status_code == 200 and "cannot reach the archive" in page.text
         # an entry kept in Postgres whose predecessor went: checked alone, and says so
         kept = web.client("viewer").get(f"/agentpost/envelopes/{pruned['waiting']}")
         assert set(verdicts(kept.text).values()) == {"yes"}
         assert "that link is not checked here" in kept.text
+        # rows that left with the prune: not found, and the page says where to look
+        for envelope in ("gone", "done"):
+            page = web.client("viewer").get(f"/agentpost/envelopes/{pruned[envelope]}")
+            assert page.status_code == 404 and "/nowhere/archive" in page.text
+            assert "cannot reach" in page.text
     finally:
         rows(conn, "UPDATE agentpost.trail_prunes SET archive = %s", (pruned["dir"],))
         conn.close()

@@ -75,7 +75,7 @@ ENVELOPES = """
 INSERT INTO agentpost.envelopes (id, seq, sender, recipient, originator, type, format, content,
                                  priority, origin, status, reason, created_at, delivered_at,
                                  consumed_at, attempts, lease_holder, leases, redeliveries,
-                                 first_leased_at)
+                                 first_leased_at, part_day)
 SELECT b.id, nextval('agentpost.envelope_seq'), 'hist-s-' || b.j, 'hist-r-' || b.j, 'system',
        CASE b.kind WHEN 'rejected' THEN 'nosuchtype' ELSE 'directive' END, 'markdown',
        CASE WHEN b.kind <> 'rejected' THEN %(content)s END, 'normal', 'agent',
@@ -89,7 +89,9 @@ SELECT b.id, nextval('agentpost.envelope_seq'), 'hist-s-' || b.j, 'hist-r-' || b
        CASE WHEN b.kind = 'consumed' THEN 'hist-consumer' END,
        CASE b.kind WHEN 'consumed' THEN 1 WHEN 'dead' THEN 4 ELSE 0 END,
        CASE b.kind WHEN 'dead' THEN 4 ELSE 0 END,
-       CASE WHEN b.kind IN ('consumed', 'dead') THEN b.t + interval '4 microseconds' END
+       CASE WHEN b.kind IN ('consumed', 'dead') THEN b.t + interval '4 microseconds' END,
+       CASE WHEN b.j <= %(old_pairs)s THEN %(old_day)s::date
+            ELSE (now() AT TIME ZONE 'UTC')::date END
   FROM hist_batch b
  ORDER BY b.j, b.m
 """

@@ -1,9 +1,10 @@
 """`agentpost bench growth --large`: half the history archived and pruned, then measured again.
 
 The fill writes the inbox pairs of the first half of the large size as if in a month four
-months back (their entries' partition, sql/0086: only `part_day`, which nothing signs or
-checks). After the large size is measured, `agentpost trail archive` and `prune` take that
-month out (timed), the sizes of the trail and the envelopes are printed before and after, and
+months back (the partition of their entries, signals and envelope rows, sql/0086 to 0088: only
+`part_day`, which nothing signs or checks). After the large size is measured, `agentpost
+trail archive` and `prune` take that month out (timed), the sizes of the trail, the signals
+and the envelopes are printed before and after, and
 every measurement runs again beside the empty store: the rates, the latency and
 `verify_trail(since=)`, which after a prune runs over heads kept from the pruned month.
 """
@@ -33,6 +34,9 @@ class PruneNumbers:
     dropped: int = 0
     kept: int = 0
     signals: int = 0
+    envelopes: int = 0
+    envelopes_kept: int = 0
+    locked_s: float = 0.0
     before: dict[str, int] = field(default_factory=dict)
     after: dict[str, int] = field(default_factory=dict)
 
@@ -52,17 +56,16 @@ def plan_old_half(cur: Any, filled: growth_fill.Filled, large: int) -> None:
 
 
 def sizes(side: Any) -> dict[str, int]:
-    """Bytes on disk of the trail (every partition, indexes and TOAST included) and of the
-    envelopes, and the trail's entries."""
-    total, entries, signals, envelopes = side.store.db.fetchone(
-        "SELECT (SELECT sum(pg_total_relation_size(relid)) FROM"
-        " pg_partition_tree('agentpost.trail') WHERE isleaf),"
-        " (SELECT count(*) FROM agentpost.trail),"
-        " (SELECT sum(pg_total_relation_size(relid)) FROM"
-        " pg_partition_tree('agentpost.signals') WHERE isleaf),"
-        " pg_total_relation_size('agentpost.envelopes')")
-    return {"trail bytes": int(total), "trail entries": int(entries),
-            "signals bytes": int(signals), "envelopes bytes": int(envelopes)}
+    """Bytes on disk of the trail, the signals and the envelopes (every partition, indexes
+    and TOAST included), and the trail's entries and the envelopes' rows."""
+    found = side.store.db.fetchone(
+        "SELECT " + ", ".join(f"(SELECT sum(pg_total_relation_size(relid)) FROM"
+                              f" pg_partition_tree('agentpost.{t}') WHERE isleaf)"
+                              for t in ("trail", "signals", "envelopes"))
+        + ", (SELECT count(*) FROM agentpost.trail), (SELECT count(*) FROM agentpost.envelopes)")
+    trail, signals, envelopes, entries, rows = (int(v) for v in found)
+    return {"trail bytes": trail, "trail entries": entries, "signals bytes": signals,
+            "envelopes bytes": envelopes, "envelopes rows": rows}
 
 
 def archive_and_prune(side: Any, filled: growth_fill.Filled) -> PruneNumbers:
@@ -81,7 +84,8 @@ def archive_and_prune(side: Any, filled: growth_fill.Filled) -> PruneNumbers:
         numbers.prune_s = time.perf_counter() - started
     numbers.archived, numbers.dropped, numbers.kept = (archived.entries, pruned.dropped,
                                                        pruned.kept)
-    numbers.signals = pruned.signals
+    numbers.signals, numbers.envelopes = pruned.signals, pruned.envelopes
+    numbers.envelopes_kept, numbers.locked_s = pruned.envelopes_kept, pruned.envelopes_locked_s
     side.store.db.scalar("SELECT 1")  # the store still answers after the drop
     numbers.after = sizes(side)
     return numbers
@@ -95,22 +99,29 @@ def report_rows(report: Any, numbers: PruneNumbers) -> None:
                f"{numbers.archive_s:,.1f} s for {numbers.archived:,} entries")
     report.add("archive and prune half: prune (check + keep + drop)",
                f"{numbers.prune_s:,.1f} s: {numbers.dropped:,} entries dropped, "
-               f"{numbers.kept:,} kept; {numbers.signals:,} signals dropped")
+               f"{numbers.kept:,} kept; {numbers.signals:,} signals and "
+               f"{numbers.envelopes:,} envelope rows dropped")
+    report.add("archive and prune half: the envelopes' lock held",
+               f"{numbers.locked_s:,.2f} s (to move {numbers.envelopes_kept:,} rows kept and "
+               "drop the month)")
     for name in ("trail bytes", "signals bytes", "envelopes bytes"):
         before, after = numbers.before[name], numbers.after[name]
         report.add(f"archive and prune half: {name.split()[0]} size",
                    f"{before / mib:,.0f} MiB before, {after / mib:,.0f} MiB after "
                    f"({after / before:.2f}x)")
-    report.add("archive and prune half: trail entries",
-               f"{numbers.before['trail entries']:,} before, "
-               f"{numbers.after['trail entries']:,} after")
+    for name in ("trail entries", "envelopes rows"):
+        report.add(f"archive and prune half: {name}",
+                   f"{numbers.before[name]:,} before, {numbers.after[name]:,} after")
 
 
 
 def goal(report: Any, numbers: PruneNumbers) -> None:
-    """The space goes with the partitions: the trail after the prune is no larger than its
-    entries' share of the trail before (10% slack)."""
-    share = numbers.after["trail entries"] / numbers.before["trail entries"]
-    ratio = numbers.after["trail bytes"] / numbers.before["trail bytes"]
-    report.goal(f"after the prune the trail's size follows what is left of it ({ratio:.2f}x the "
-                f"bytes for {share:.2f}x the entries)", ratio <= share * 1.1)
+    """The space goes with the partitions: the trail and the envelopes after the prune are
+    no larger than their rows' share of them before (10% slack)."""
+    for table, whose, rows in (("trail", "trail's", "entries"),
+                               ("envelopes", "envelopes'", "rows")):
+        share = numbers.after[f"{table} {rows}"] / numbers.before[f"{table} {rows}"]
+        ratio = numbers.after[f"{table} bytes"] / numbers.before[f"{table} bytes"]
+        report.goal(f"after the prune the {whose} size follows what is left of it"
+                    f" ({ratio:.2f}x the bytes for {share:.2f}x the {rows})",
+                    ratio <= share * 1.1)

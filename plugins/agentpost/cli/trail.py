@@ -181,8 +181,9 @@ def cmd_archive(args: argparse.Namespace) -> int:
     since = None if args.since is None else read_checkpoint(args.since)
     with open_store(args) as store:
         done = archive(store, args.archive, args.before, since=since)
-    print(f"archived {done.entries:,} entries to {args.archive}"
-          f"{'' if done.batch is None else '/' + done.batch}; the cut at {done.cut} covers "
+    print(f"archived {done.entries:,} entries and {done.envelopes:,} envelope rows to "
+          f"{args.archive}{'' if done.batch is None else '/' + done.batch}; the cut at "
+          f"{done.cut} covers "
           f"{', '.join(done.partitions)}; its verified checkpoint: {done.checkpoint}")
     return 0
 
@@ -193,5 +194,6 @@ def cmd_prune(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         done = prune(store, args.archive, args.before)
     print(f"pruned {', '.join(done.partitions)}: {done.dropped:,} entries dropped, "
-          f"{done.kept:,} kept (chain heads and what open rows still need)")
+          f"{done.kept:,} kept (chain heads and what open rows still need); "
+          f"{done.envelopes:,} envelope rows dropped, {done.envelopes_kept:,} kept")
     return 0

@@ -145,7 +145,8 @@ def retain(store: Any, days: int | None, directory: str | None, since: str) -> d
     archived = archive(store, directory, cut, since=since)
     pruned = prune(store, directory, cut)
     return {"retention": days, "cut": cut.isoformat(), "archived": archived.entries,
-            "pruned": pruned.partitions, "dropped": pruned.dropped, "kept": pruned.kept}
+            "pruned": pruned.partitions, "dropped": pruned.dropped, "kept": pruned.kept,
+            "envelopes_dropped": pruned.envelopes}
 
 
 def checkpoints(directory: Path) -> list[Path]:

@@ -66,10 +66,11 @@ _VOLATILE = re.compile(
     r"|SELECT pg_catalog\.set_config\('search_path', '', false\);)$",
     re.MULTILINE,
 )
-# The trail's and the signals' monthly partitions (sql/0086, sql/0087): which months exist
-# depends on the day the migration ran, so each object of one (its table, keys, indexes and
-# their attachments) goes.
-_MONTHLY = re.compile(r"^--\n-- Name: [^\n]*\b(?:trail|signals)_p\d{6}(?!\d)[^\n]*\n--\n"
+# The monthly partitions of the trail, the signals and the envelopes (sql/0086 to 0088):
+# which months exist depends on the day the migration ran, so each object of one (its table,
+# keys, indexes and their attachments) goes.
+_MONTHLY = re.compile(r"^--\n-- Name: [^\n]*\b(?:trail|signals|envelopes)_p\d{6}(?!\d)"
+                      r"[^\n]*\n--\n"
                       r".*?(?=^--\n-- Name: |\Z)", re.MULTILINE | re.DOTALL)
 
 # Every routine of the schema with a digest of its whole definition, to see which migration

@@ -72,6 +72,9 @@ STEP_BIRTH = "saga_step_planned"
 REGISTRY_EVENTS = {"rule_defined": (RULE, "id"), "rule_removed": (RULE, "id"),
                    "type_registered": (TYPE, "type")}
 RULE_REMOVED = "rule_removed"
+#: the system chain's record of the rows a prune dropped with the months it archived (sql/0088:
+#: `kind`, `count`, `sum`, as a checkpoint's row digest): `row_digest.pruned` reads it
+ROWS_PRUNED = "rows_pruned"
 
 #: a row's key: its id, or (saga id, step name) for a saga step
 RowKey = str | tuple[str, str]

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from agentpost.protocol.named_rows import RowKey
+from agentpost.protocol.named_rows import KINDS, RowKey
 
 #: what the row key is derived with (never the trail key itself, which signs entries)
 LABEL = b"agentpost.trail-checkpoint.rows"
@@ -70,3 +71,18 @@ class RowDigest:
 
 #: a digest per kind (every kind of `named_rows.KINDS`)
 RowDigests = Mapping[str, RowDigest]
+
+
+def pruned(record: str) -> tuple[str, RowDigest] | None:
+    """(kind, digest) of the rows a `rows_pruned` entry says left (`store.envelope_archive`),
+    else None (a record out of shape: the store writes none, and the entry checks report an
+    edited one by its hash)."""
+    try:
+        body = json.loads(record).get("body")
+        kind, count, total = body["kind"], body["count"], body["sum"]
+        if (kind in KINDS and isinstance(count, int) and count >= 0
+                and isinstance(total, str) and len(total) == 16):
+            return kind, RowDigest(count, int(total, 16))
+    except (ValueError, AttributeError, KeyError, TypeError):
+        pass
+    return None

@@ -1,4 +1,5 @@
-"""The trail's Parquet export read by the Spark jobs (the manifest: `store.trail_export`)."""
+"""The trail's Parquet export read by the Spark jobs (the manifest: `store.trail_export`), and
+the envelope rows its cuts copied before a prune dropped them (`store.envelope_archive`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from agentpost.store.trail_export import MANIFEST, Batch, Export, load
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["MANIFEST", "Batch", "Export", "load", "read"]
+__all__ = ["MANIFEST", "Batch", "Export", "envelopes", "load", "read"]
 
 
 def read(export: Export, spark: SparkSession) -> DataFrame:
@@ -20,4 +21,16 @@ def read(export: Export, spark: SparkSession) -> DataFrame:
     out = frames[0]
     for frame in frames[1:]:
         out = out.unionByName(frame)
+    return out
+
+
+def envelopes(export: Export, spark: SparkSession, live: DataFrame) -> DataFrame:
+    """`live` (the envelope rows in Postgres: the audit's columns) and, for every id not
+    among them, its row from the newest cut that copied it: the rows a prune dropped."""
+    cuts = sorted((c for c in export.cuts if c.envelopes), key=lambda c: c.cut, reverse=True)
+    out = live
+    for cut in cuts:
+        path = str(Path(export.path) / cut.envelopes)
+        old = spark.read.parquet(path).select(*live.columns)
+        out = out.unionByName(old.join(out.select("id"), "id", "left_anti"))
     return out

@@ -28,6 +28,7 @@ from agentpost.pg.db import one_line, translate
 from agentpost.protocol import named_rows as nr
 from agentpost.protocol.anchor import Checkpoint, load, mismatches
 from agentpost.protocol.errors import AgentpostError, InvalidInput
+from agentpost.spark import archive
 from agentpost.spark.jobargs import add_common, settings_from
 from agentpost.spark.session import literal_rows, sized_shuffles
 from agentpost.spark.settings import SparkSettings
@@ -129,8 +130,10 @@ def run_audit(spark: SparkSession, settings: SparkSettings, *,
 
     with Snapshot(spark, settings) as snap:
         trail = prepare(snap.trail(), settings.key).persist(StorageLevel.MEMORY_AND_DISK)
-        envelopes = snap.table(_ENVELOPES, partition_column="seq").persist(
-            StorageLevel.MEMORY_AND_DISK)
+        envelopes = snap.table(_ENVELOPES, partition_column="seq")
+        if settings.archive:  # with the rows a prune dropped, from the archive
+            envelopes = archive.envelopes(archive.load(settings.archive), spark, envelopes)
+        envelopes = envelopes.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             entries = trail.count()
             envelopes.count()

@@ -56,9 +56,15 @@ from agentpost.store.verify import MAX_NAMED_ROWS, MAX_WORKERS
 from agentpost.store.verify import run as run_verification
 from agentpost.store.views import ViewOps
 
+#: the columns of queries.sql's envelope select list, in its order
+ROW = ("id", "sender", "recipient", "originator", "type", "format", "content", "attachments",
+       "in_reply_to", "rights", "priority", "created_at", "origin", "status", "seq", "reason",
+       "delivered_at", "consumed_at", "attempts", "tags", "headers", "meta", "redeliveries")
 
-def _envelope(row: Sequence[Any]) -> Envelope:
-    """An Envelope from the columns of queries.sql's envelope select list (in that order)."""
+
+def envelope_from_row(row: Sequence[Any]) -> Envelope:
+    """An Envelope from the columns of queries.sql's envelope select list (`ROW`, in that
+    order)."""
     (eid, sender, recipient, originator, etype, fmt, content, attachments, reply, rights,
      priority, created_at, origin, status, seq, reason, delivered_at, consumed_at,
      attempts, tags, headers, meta, redeliveries) = row
@@ -99,7 +105,7 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
     rules and views of the inboxes (Courier) in the mixins."""
 
     def _envelope_row(self, row: Sequence[Any]) -> Envelope:
-        return _envelope(row)
+        return envelope_from_row(row)
 
     def __init__(self, dsn: str | None = None, *, settings: Settings | None = None,
                  trail_key: str | None = None, ack_timeout: float | None = None,
@@ -348,13 +354,13 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
         holds back the rest: then only blocking envelopes are listed."""
         _count(limit, "limit", optional=True)
         ws = self.workspace(workspace_id).id
-        return [_envelope(r) for r in self.db.fetchall(QUERIES["inbox"],
+        return [envelope_from_row(r) for r in self.db.fetchall(QUERIES["inbox"],
                                                        {"ws": ws, "limit": limit})]
 
     def queued(self, workspace_id: str) -> list[Envelope]:
         """Validated envelopes waiting for delivery to this workspace, in creation order."""
         ws = _ref(workspace_id, "workspace id")
-        return [_envelope(r) for r in self.db.fetchall(QUERIES["queued"], {"ws": ws})]
+        return [envelope_from_row(r) for r in self.db.fetchall(QUERIES["queued"], {"ws": ws})]
 
     def consume(self, workspace_id: str, envelope_id: str) -> Envelope:
         """Mark an inbox envelope as acted on. Consuming a blocking envelope reopens
@@ -367,7 +373,7 @@ class EnvelopeStore(LeaseOps, ViewOps, RuleOps):
         row = self.db.fetchone(QUERIES["get_envelope"], {"id": _ref(envelope_id, "envelope id")})
         if row is None:
             raise NotFound(f"unknown envelope {envelope_id!r}")
-        return _envelope(row)
+        return envelope_from_row(row)
 
     def signals(self, workspace_id: str, after: int = 0) -> list[Signal]:
         """Signals the runtime emitted to a workspace (acknowledged, failed, rejected)."""

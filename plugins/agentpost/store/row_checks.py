@@ -19,6 +19,7 @@ from agentpost.protocol.chains import SYSTEM_CHAIN
 from agentpost.protocol.models import MissingRow
 from agentpost.protocol.named_rows import (
     KINDS,
+    ROWS_PRUNED,
     RowKey,
     body_rows,
     born_rows,
@@ -26,6 +27,7 @@ from agentpost.protocol.named_rows import (
     label,
     registry_change,
 )
+from agentpost.protocol.row_digest import RowDigest, pruned
 from agentpost.protocol.trail import ChainCheck, StoredEntry
 from agentpost.store.queries import QUERIES
 
@@ -51,6 +53,8 @@ class Touched:
     named: dict[tuple[str, RowKey], str] = field(default_factory=dict)
     born: set[tuple[str, RowKey]] = field(default_factory=set)
     registry: list[tuple[int, str, str, str]] = field(default_factory=list)
+    #: the rows the prunes since dropped, per `rows_pruned` entry (sql/0088)
+    pruned: list[tuple[str, RowDigest]] = field(default_factory=list)
     births: bool = False
 
     def note(self, e: StoredEntry) -> None:
@@ -66,6 +70,9 @@ class Touched:
             change = registry_change(e.event, e.record)
             if change is not None:
                 self.registry.append((e.seq, e.event, *change))
+            left = pruned(e.record) if e.event == ROWS_PRUNED else None
+            if left is not None:
+                self.pruned.append(left)
 
     def update(self, other: Touched) -> None:
         _merge(self.envelopes, other.envelopes)
@@ -73,6 +80,7 @@ class Touched:
         _merge(self.named, other.named)
         self.born |= other.born
         self.registry.extend(other.registry)
+        self.pruned.extend(other.pruned)
 
     def rows(self) -> dict[tuple[str, RowKey], str]:
         """Every (kind, key) named, but envelopes, with its chain."""

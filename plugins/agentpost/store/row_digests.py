@@ -47,7 +47,8 @@ def table_digests(cur: Any, key: bytes) -> dict[str, RowDigest]:
 def expected(cur: Any, since: Checkpoint, base: dict[str, RowDigest], touched: Touched,
              key: bytes) -> dict[str, RowDigest]:
     """The digests the tables should have now: `base` (`since`'s), plus the rows the
-    entries read since it created, minus the rules they removed."""
+    entries read since it created, minus the rules they removed and the rows the prunes
+    since dropped (their `rows_pruned` entries)."""
     added: dict[str, set[RowKey]] = {kind: set() for kind in KINDS}
     removed: dict[str, set[RowKey]] = {kind: set() for kind in KINDS}
     for kind, row in touched.born:
@@ -59,9 +60,13 @@ def expected(cur: Any, since: Checkpoint, base: dict[str, RowDigest], touched: T
     for kind, row in gone:
         removed[kind].add(row)
     secret = row_key(key)
-    return {kind: base[kind].plus(row_hash(secret, r) for r in added[kind])
+    want = {kind: base[kind].plus(row_hash(secret, r) for r in added[kind])
                             .minus(row_hash(secret, r) for r in removed[kind])
             for kind in KINDS}
+    for kind, left in touched.pruned:  # the rows a prune since dropped, as it counted them
+        want[kind] = RowDigest(want[kind].count - left.count, (want[kind].sum - left.sum)
+                               % MODULUS)
+    return want
 
 
 def _new_routes(cur: Any, since: Checkpoint, routes: list[str]) -> set[str]:

@@ -1,14 +1,19 @@
-"""`agentpost trail archive` and `prune`: old months of the trail to Parquet, then out of
-Postgres, never one without the other's proof (docs/operations.md, "Archive and prune").
+"""`agentpost trail archive` and `prune`: old months of the trail (and of the signals and
+the envelopes that grow with it) to Parquet, then out of Postgres, never one without the
+other's proof (docs/operations.md, "Archive and prune").
 
 `archive(store, dir, cut)` verifies the trail (since the checkpoint given, else since the last
 prune's, else whole) and keeps the checkpoint that run hands back, then copies every entry not
 yet exported up to the newest id of the partitions the cut lets go, into a batch of the export
-directory (`trail_export`: the layout and manifest the Spark jobs read), and records the cut.
+directory (`trail_export`: the layout and manifest the Spark jobs read), copies the envelope
+rows of those months (`envelope_archive.write`), and records the cut.
 `prune(store, dir, cut)` refuses unless that cut is in the manifest, its checkpoint is signed
-with the trail key, and every entry it would drop is in the archive as stored (id, hashes and
-MAC equal to the row's, the record hashing to the hash); then it keeps what later checks read
-(`trail_partitions.KEEP`) and drops the partitions, in one transaction, and records the prune.
+with the trail key, every entry it would drop is in the archive as stored (id, hashes and
+MAC equal to the row's, the record hashing to the hash) and so is every envelope row that may
+leave (`envelope_archive.check`); then it keeps what later checks read
+(`trail_partitions.KEEP`), drops the trail's months and records the prune, drops the signals'
+months, and last the envelopes' (`envelope_archive.prune`). A prune cut short between those
+steps is run again: it goes on from where it stopped.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from pydantic import BaseModel, ConfigDict
 from agentpost.protocol.anchor import Checkpoint
 from agentpost.protocol.errors import InvalidAnchor, InvalidInput, StoreError
 from agentpost.protocol.trail import entry_hash
-from agentpost.store import trail_export, trail_partitions
+from agentpost.store import envelope_archive, trail_export, trail_partitions
 from agentpost.store.trail_partitions import Partition
 
 if TYPE_CHECKING:
@@ -49,6 +54,7 @@ class ArchiveResult(BaseModel):
     entries: int
     batch: str | None
     checkpoint: str
+    envelopes: int = 0  # the envelope rows copied
 
 
 class PruneResult(BaseModel):
@@ -59,6 +65,9 @@ class PruneResult(BaseModel):
     dropped: int
     kept: int
     signals: int = 0  # the signals dropped with the months
+    envelopes: int = 0  # the envelope rows dropped with the months
+    envelopes_kept: int = 0  # the envelope rows of those months that stay (envelopes_kept)
+    envelopes_locked_s: float = 0.0  # how long the envelopes' lock was held
 
 
 def due(store: EnvelopeStore, cut: date) -> list[str]:
@@ -85,15 +94,22 @@ def archive(store: EnvelopeStore, directory: str, cut: date, *,
     hi = max((p.max_id for p in parts if p.max_id is not None), default=0)
     batch = _copy(store, exported, exported.upto_id + 1, hi, cut) if hi > exported.upto_id \
         else None
+    with store.db.cursor() as cur:
+        envelope_parts = trail_partitions.droppable(cur, cut, "envelopes")
+    envelopes, envelope_rows = (envelope_archive.write(store, exported, cut) if envelope_parts
+                                else (None, 0))
     name = f"cut-{cut.isoformat()}.json"
     _write(Path(directory) / name, checkpoint.to_json())
     exported.cuts = [c for c in exported.cuts if c.cut != cut]
-    exported.cuts.append(trail_export.Cut(cut=cut, checkpoint=name, upto_id=exported.upto_id,
-                                          partitions=[p.name for p in parts]))
+    exported.cuts.append(trail_export.Cut(
+        cut=cut, checkpoint=name, upto_id=exported.upto_id,
+        partitions=[p.name for p in parts + envelope_parts], envelopes=envelopes,
+        envelope_rows=envelope_rows))
     exported.save()
-    return ArchiveResult(cut=cut, partitions=[p.name for p in parts],
+    return ArchiveResult(cut=cut, partitions=[p.name for p in parts + envelope_parts],
                          entries=0 if batch is None else batch.rows,
-                         batch=None if batch is None else batch.dir, checkpoint=name)
+                         batch=None if batch is None else batch.dir, checkpoint=name,
+                         envelopes=envelope_rows)
 
 
 def prune(store: EnvelopeStore, directory: str, cut: date, *,
@@ -110,23 +126,42 @@ def prune(store: EnvelopeStore, directory: str, cut: date, *,
     # under the trail's exclusive lock. Nothing enters those months meanwhile (new entries
     # go to this month's partition), and a drop that fails leaves the kept entries kept: a
     # second prune finds them gone from the months and the rest still archived.
+    # (a prune cut short is run again: the trail's months may be gone, the rest not yet)
+    with store.db.cursor() as cur:
+        left = {t: trail_partitions.droppable(cur, cut, t) for t in ("trail", "envelopes")}
+    if not any(left.values()):
+        raise InvalidInput(f"no partition of the trail is wholly older than {cut}: "
+                           "nothing to prune")
+    names = [p.name for p in left["trail"]]
+    envelope_archive.check(store, exported, cut, taken.envelopes, left["trail"])
+    dropped = kept = 0
+    if left["trail"]:
+        dropped, kept = _prune_trail(store, exported, left["trail"], cut, checkpoint)
+    # the months' signals, which their signal_emitted entries (archived) repeat
+    with _busy("signals"), store.db.transaction() as conn, conn.cursor() as cur:
+        signals = trail_partitions.drop(cur, trail_partitions.droppable(cur, cut, "signals"))
+    # and the envelopes' rows that nothing left in Postgres names
+    with _busy("envelopes"):
+        envelopes = envelope_archive.prune(store, cut)
+    return PruneResult(cut=cut, partitions=names + [p.name for p in left["envelopes"]],
+                       dropped=dropped, kept=kept, signals=signals,
+                       envelopes=envelopes.dropped, envelopes_kept=envelopes.kept,
+                       envelopes_locked_s=envelopes.locked_s)
+
+
+def _prune_trail(store: EnvelopeStore, exported: trail_export.Export, parts: list[Partition],
+                 cut: date, checkpoint: str) -> tuple[int, int]:
+    """The trail's months: checked, what stays kept, then dropped; (dropped, kept)."""
     with store.db.transaction() as conn, conn.cursor() as cur:
-        parts = trail_partitions.droppable(cur, cut)
-        if not parts:
-            raise InvalidInput(f"no partition of the trail is wholly older than {cut}: "
-                               "nothing to prune")
         _check_archived(cur, exported, parts, cut)
         kept = trail_partitions.keep(cur, parts, cut)
-    names = [p.name for p in parts]
     with _busy("trail"), store.db.transaction() as conn, conn.cursor() as cur:
         dropped = trail_partitions.drop(cur, parts)
         cur.execute("INSERT INTO agentpost.trail_prunes (cut, checkpoint, partitions,"
                     " dropped, kept, archive) VALUES (%s, %s, %s, %s, %s, %s)",
-                    (cut, checkpoint, names, dropped, kept, str(directory)[:4096]))
-    # the months' signals, which their signal_emitted entries (archived) repeat
-    with _busy("signals"), store.db.transaction() as conn, conn.cursor() as cur:
-        signals = trail_partitions.drop(cur, trail_partitions.droppable(cur, cut, "signals"))
-    return PruneResult(cut=cut, partitions=names, dropped=dropped, kept=kept, signals=signals)
+                    (cut, checkpoint, [p.name for p in parts], dropped, kept,
+                     str(exported.path)[:4096]))
+    return dropped, kept
 
 
 @contextmanager
@@ -165,7 +200,7 @@ def _checkpoint(store: EnvelopeStore, path: Path) -> str:
 def _copy(store: EnvelopeStore, exported: trail_export.Export, lo: int, hi: int,
           cut: date) -> trail_export.Batch:
     """Entries lo..hi, in one snapshot, to a new batch, by day of `at`; then listed."""
-    pq, pa = _pyarrow()
+    pq, pa = trail_export.pyarrow_modules()
     batch_dir = exported.next_dir()
     writers: dict[str, Any] = {}
     rows = 0
@@ -259,7 +294,7 @@ def _copy_in(cur: Any, buf: io.StringIO) -> None:
 def _archived_rows(exported: trail_export.Export, lo: int, hi: int) -> Iterator[tuple]:
     """(id, prev_hash, hash, mac) of every archived entry with an id in lo..hi, each checked
     to hash its record (refused otherwise)."""
-    pq, _ = _pyarrow()
+    pq, _ = trail_export.pyarrow_modules()
     for b in exported.batches:
         if b.to_id < lo or b.from_id > hi:
             continue
@@ -292,14 +327,3 @@ def _write(path: Path, text: str) -> None:
         path.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise InvalidInput(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
-def _pyarrow() -> tuple[Any, Any]:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise InvalidInput("the trail archive writes Parquet with pyarrow: install "
-                           "airflow-agentpost[archive]") from None
-    return pq, pa
-

@@ -1,22 +1,27 @@
-"""Reading an archived envelope's entries back (the envelope page, docs/ui.md): after a prune,
-from the Parquet archive the last prune recorded, when this process can reach it."""
+"""Reading an archived envelope back (the envelope page, docs/ui.md): after a prune, its
+entries, and its row when the prune dropped that too, from the Parquet archive the last prune
+recorded, when this process can reach it."""
 
 from __future__ import annotations
 
-from datetime import date
+import json
+from datetime import date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
 from agentpost.protocol.errors import InvalidInput
+from agentpost.protocol.models import Envelope
 from agentpost.protocol.trail import StoredEntry
 from agentpost.store import trail_export
+from agentpost.store.envelopes import ROW, envelope_from_row
 
 if TYPE_CHECKING:
     from agentpost.store.envelopes import EnvelopeStore
 
-__all__ = ["ArchivedEntries", "archived_entries", "archived_predecessors", "last_prune"]
+__all__ = ["ArchivedEntries", "ArchivedRow", "archived_entries", "archived_predecessors",
+           "archived_row", "last_prune"]
 
 
 class ArchivedEntries(BaseModel):
@@ -28,6 +33,54 @@ class ArchivedEntries(BaseModel):
     directory: str
     reachable: bool
     entries: list[tuple[StoredEntry, StoredEntry | None]] = []
+
+
+class ArchivedRow(BaseModel):
+    """An envelope's row that a prune dropped, as the archive's newest copy holds it (None:
+    not there, or the archive out of reach)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cut: date
+    directory: str
+    reachable: bool
+    envelope: Envelope | None = None
+    #: what the row held of its leases (the Envelope does not carry them)
+    leases: int | None = None
+    first_leased_at: datetime | None = None
+
+
+def archived_row(store: EnvelopeStore, envelope_id: str) -> ArchivedRow | None:
+    """The row of an envelope no longer in Postgres, from the copies the last prune's archive
+    holds (`store.envelope_archive`), newest cut first; None for a trail never pruned."""
+    pruned = last_prune(store)
+    if pruned is None:
+        return None
+    cut, directory = pruned
+    try:
+        exported = (trail_export.load(directory)
+                    if Path(directory, trail_export.MANIFEST).is_file() else None)
+    except (OSError, InvalidInput):
+        exported = None
+    if exported is None:
+        return ArchivedRow(cut=cut, directory=directory, reachable=False)
+    import pyarrow.dataset as ds
+
+    for taken in sorted((c for c in exported.cuts if c.envelopes), key=lambda c: c.cut,
+                        reverse=True):
+        try:
+            found = ds.dataset(str(Path(directory) / str(taken.envelopes)),
+                               format="parquet").to_table(
+                filter=ds.field("id") == envelope_id, columns=["row"])
+        except (OSError, ValueError):  # a copy gone or unreadable: out of reach
+            return ArchivedRow(cut=cut, directory=directory, reachable=False)
+        if found.num_rows:
+            stored = json.loads(found.column("row")[0].as_py())
+            return ArchivedRow(cut=cut, directory=directory, reachable=True,
+                               envelope=envelope_from_row([stored.get(c) for c in ROW]),
+                               leases=stored.get("leases"),
+                               first_leased_at=stored.get("first_leased_at"))
+    return ArchivedRow(cut=cut, directory=directory, reachable=True)
 
 
 def last_prune(store: EnvelopeStore) -> tuple[date, str] | None:

@@ -36,6 +36,7 @@ import json
 import os
 from datetime import date, datetime
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -69,6 +70,11 @@ class Cut(BaseModel):
     checkpoint: str = Field(pattern=r"^cut-\d{4}-\d{2}-\d{2}\.json$")
     upto_id: int = Field(ge=0)
     partitions: list[str]
+    #: the copy of the envelope rows of its months (`store.envelope_archive`), beside the
+    #: manifest, and how many rows it holds (None: a cut taken before envelopes were pruned,
+    #: or with no envelope month to drop)
+    envelopes: str | None = Field(default=None, pattern=r"^envelopes-\d{4}-\d{2}-\d{2}$")
+    envelope_rows: int = Field(default=0, ge=0)
 
 
 class Export(BaseModel):
@@ -117,3 +123,14 @@ def load(path: str) -> Export:
                            f"{str(exc).splitlines()[0]}") from None
     export.path = path
     return export
+
+
+def pyarrow_modules() -> tuple[Any, Any]:
+    """(pyarrow.parquet, pyarrow), or a one-line error that says what to install."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise InvalidInput("the trail archive writes Parquet with pyarrow: install "
+                           "airflow-agentpost[archive]") from None
+    return pq, pa

@@ -18,8 +18,9 @@ from pydantic import BaseModel, ConfigDict
 
 __all__ = ["Partition", "drop", "droppable", "ensure_partitions", "keep"]
 
-#: the partitioned history tables, each with `<table>_pYYYYMM` months and `<table>_legacy`
-TABLES = ("trail", "signals")
+#: the partitioned history tables, each with `<table>_pYYYYMM` months and `<table>_legacy`,
+#: and the column that says how old a row is
+TABLES = {"trail": "at", "signals": "at", "envelopes": "created_at"}
 #: how long a prune waits for the trail's lock before it gives up (agents keep writing)
 LOCK_TIMEOUT_MS = 10_000
 
@@ -56,7 +57,7 @@ def droppable(cur: Any, cut: date, table: str = "trail") -> list[Partition]:
             out.append(_sized(cur, name))
         elif name == f"{table}_legacy":
             part = _sized(cur, name)
-            cur.execute(f"SELECT max(at) FROM agentpost.{name}")
+            cur.execute(f"SELECT max({TABLES[table]}) FROM agentpost.{name}")
             newest = cur.fetchone()[0]
             if part.entries and newest < midnight:
                 out.append(part)
@@ -79,7 +80,10 @@ def _month_end(name: str) -> date:
 
 
 def _sized(cur: Any, name: str) -> Partition:
-    cur.execute(f"SELECT count(*), min(id), max(id) FROM agentpost.{_ident(name)}")
+    if name.startswith("envelopes_"):  # ids are text: no range
+        cur.execute(f"SELECT count(*), NULL, NULL FROM agentpost.{_ident(name)}")
+    else:
+        cur.execute(f"SELECT count(*), min(id), max(id) FROM agentpost.{_ident(name)}")
     entries, lo, hi = cur.fetchone()
     return Partition(name=name, entries=entries, min_id=lo, max_id=hi)
 
@@ -95,7 +99,8 @@ def _ident(name: str) -> str:
 #   verification since the cut's checkpoint re-reads it as the chain's head;
 # - the system chain whole: the registry's rows are checked against all of its entries;
 # - every entry of an envelope still open (not consumed, rejected or undeliverable), or named
-#   by an entry that stays: the row checks read its creation and lifecycle entries;
+#   by an entry that stays (a head above included): the row checks read its creation and
+#   lifecycle entries, and its row stays too (`envelope_prune`);
 # - the route_progress entries of routes not ended: a route named since the checkpoint is
 #   told from a new one by an earlier entry naming it.
 # Each is its own statement into a temporary table of ids, joined, never `x IN (subquery)`
@@ -115,7 +120,9 @@ KEEP = (
     "INSERT INTO agentpost_open SELECT e.id FROM agentpost.envelopes e"
     " WHERE e.status IN ('validated', 'acknowledged') AND e.consumed_at IS NULL"
     " UNION SELECT x.envelope_id FROM agentpost.trail x"
-    " WHERE x.envelope_id IS NOT NULL AND x.tableoid <> ALL (%(oids)s::oid[])",
+    " WHERE x.envelope_id IS NOT NULL AND x.tableoid <> ALL (%(oids)s::oid[])"
+    f" UNION SELECT t.envelope_id FROM agentpost.trail t JOIN agentpost_keep k ON k.id = t.id"
+    f" WHERE t.envelope_id IS NOT NULL AND {_OLD}",
     "ANALYZE agentpost_open",
     f"INSERT INTO agentpost_keep SELECT t.id FROM agentpost.trail t"
     f" JOIN agentpost_open o ON o.id = t.envelope_id WHERE {_OLD}",

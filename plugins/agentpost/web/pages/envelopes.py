@@ -19,13 +19,18 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
 from agentpost.pg.queries import load_queries
-from agentpost.protocol.errors import InvalidInput
+from agentpost.protocol.errors import InvalidInput, NotFound
 from agentpost.protocol.models import Envelope
 from agentpost.protocol.trail import ChainCheck, StoredEntry
 from agentpost.protocol.validation import MAX_ID
 from agentpost.store import EnvelopeStore
 from agentpost.store.queries import QUERIES
-from agentpost.store.trail_archive_read import archived_entries, archived_predecessors
+from agentpost.store.trail_archive_read import (
+    ArchivedRow,
+    archived_entries,
+    archived_predecessors,
+    archived_row,
+)
 from agentpost.web.auth import require_viewer
 from agentpost.web.context import Store
 from agentpost.web.links import run_link
@@ -186,15 +191,36 @@ def tool_call(envelope: Envelope) -> dict[str, Any] | None:
 
 
 def details(store: EnvelopeStore, envelope_id: str) -> dict[str, Any]:
-    """Everything the page shows (NotFound for an unknown id, InvalidInput for a bad one)."""
-    envelope = store.get(envelope_id)
+    """Everything the page shows (NotFound for an unknown id, InvalidInput for a bad one).
+    An envelope whose row a prune dropped is shown from the archive's copy of it."""
+    try:
+        envelope, row_archived = store.get(envelope_id), None
+    except NotFound as exc:
+        row_archived = _archived_row(store, envelope_id, exc)
+        envelope = row_archived.envelope
     entries, archived = trail_entries(store, envelope.id)
     return {"envelope": envelope, "entries": entries, "thread": thread(store, envelope.id),
-            "tool_call": tool_call(envelope),
-            "lease": lease_of(store, envelope.id), "archived": archived,
+            "tool_call": tool_call(envelope), "row_archived": row_archived is not None,
+            "lease": (lease_of(store, envelope.id) if row_archived is None else
+                      {"holder": None, "until": None, "leases": row_archived.leases,
+                       "first_leased_at": row_archived.first_leased_at}),
+            "archived": archived,
             # the row checks read the entries in Postgres: an archived envelope's are gone
             "row_problems": [] if archived else row_problems(store, envelope.id),
             "all_verified": all(e["verified"] for e in entries)}
+
+
+def _archived_row(store: EnvelopeStore, envelope_id: str, missing: NotFound) -> ArchivedRow:
+    """The archive's copy of a row a prune dropped, else `missing` (saying where to look
+    when the archive is out of this server's reach)."""
+    found = archived_row(store, envelope_id)
+    if found is not None and found.envelope is not None:
+        return found
+    if found is not None and not found.reachable:
+        raise NotFound(f"{missing}: the trail was pruned before {found.cut}, and an envelope "
+                       f"older than that is in the archive {found.directory}, which this "
+                       "server cannot reach") from None
+    raise missing
 
 
 def envelope_json(envelope: Envelope) -> dict[str, Any]:
