@@ -358,6 +358,17 @@ def test_archive_refuses_a_trail_that_does_not_verify(aged: tuple, pg: Any,
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_new_store_has_no_legacy_partitions(pg: Any) -> None:
+    """sql/0089: the legacy partitions of a store created partitioned hold nothing and are
+    gone (each would cost every look-up that cannot prune by month); the months, the kept
+    and the default partitions stay."""
+    today = datetime.now(UTC).date()
+    for table in ("trail", "signals", "envelopes"):
+        assert not exists(pg, f"{table}_legacy")
+        assert exists(pg, f"{table}_default") and exists(pg, partition(today, table))
+    assert exists(pg, "trail_kept") and exists(pg, "envelopes_kept")
+
+
 def test_a_month_without_its_partition_moves_out_of_the_default_one(store: EnvelopeStore,
                                                                     pg: Any) -> None:
     """Entries of a month no partition was made for land in trail_default; making the month
@@ -427,7 +438,8 @@ def test_a_store_upgraded_to_the_partitioned_trail_keeps_verifying_and_prunes_it
     try:
         (last,) = rows(conn, "SELECT max(id) FROM agentpost.trail")[0]
         assert migrate(empty_dsn) == ["0086_trail_partitions.sql", "0087_signals_partitions.sql",
-                                      "0088_envelopes_partitions.sql"]
+                                      "0088_envelopes_partitions.sql",
+                                      "0089_empty_legacy_partitions.sql"]
         legacy = count(conn, "trail_legacy")
         envelopes = count(conn, "envelopes_legacy")
         assert envelopes == count(conn, "envelopes") > 0
