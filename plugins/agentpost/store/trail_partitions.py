@@ -1,12 +1,14 @@
-"""The trail's partitions and the signals' (sql/0086, sql/0087): which months a cut lets go,
-and the prune that drops them.
+"""The partitions of the trail, the signals and the envelopes (sql/0086 to 0088): which months
+a cut lets go, and the prune that drops them.
 
 A month's partition can go once every row in it is older than the cut: a `trail_pYYYYMM` (or
-`signals_pYYYYMM`) whose month ends by the cut, and `trail_legacy` (`signals_legacy`: the rows
-written before partitioning) once its newest row is older. Dropping the trail's keeps, in
-`trail_kept`, every entry of it that a verification or a row check will still read (`KEEP`),
-so the chains go on from their heads and the rows still open keep their history. A signal
-needs nothing kept: its `signal_emitted` entry says the same, and is archived.
+`signals_pYYYYMM`, `envelopes_pYYYYMM`) whose month ends by the cut, and `trail_legacy`
+(`signals_legacy`, `envelopes_legacy`: the rows written before partitioning) once its newest
+row is older. Dropping the trail's keeps, in `trail_kept`, every entry of it that a
+verification or a row check will still read (`KEEP`), so the chains go on from their heads and
+the rows still open keep their history. A signal needs nothing kept: its `signal_emitted`
+entry says the same, and is archived. The envelopes' rows that stay are kept by
+`envelope_archive`.
 """
 
 from __future__ import annotations
