@@ -46,7 +46,7 @@ import itertools
 import math
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -87,6 +87,11 @@ OPEN = {
                         "gives every intent BLOCKED (check CLAIMED: an action takes "
                         "precedence, P39); the package's boundary ignores actions and gives "
                         "the best intent ALLOW",
+    "invalidated_claim": "pre_action/execute on a resource another agent's action holds, "
+                         "that action invalidated by a warning: CONFLICT (check CLAIMED: P39, "
+                         "an action that exists takes precedence; a warning contests a fact, "
+                         "it does not undo it, §9.5); the package no longer sees the action "
+                         "and gives ALLOW",
     "deferred_loser": "resolve_deferred gives a losing agent BLOCKED (check DEFERRED); the "
                       "package gives it CONFLICT (and the decisions' conflicting_intents differ "
                       "when an agent holds several intents)",
@@ -641,7 +646,20 @@ def _open_case(theirs: Side, op: Any) -> str | None:
     if isinstance(op, PostAction) and any(not a.failed and a.agent_id != agent.id
                                           for a in actions):
         return "notify"
+    if not isinstance(op, PostAction) and _invalidated_claim(theirs, op, agent.id):
+        return "invalidated_claim"
     return None
+
+
+def _invalidated_claim(theirs: Side, op: Any, agent_id: Any) -> bool:
+    """Has another agent a live action on the op's (scope, resource) that a warning, of any
+    scope, invalidates? (Judged on the package's stored marks, which its reads then hide.)"""
+    invalidated = {getattr(m, "invalidates", None) for m in theirs.log
+                   if type(m).__name__ == "Warning"}
+    superseded = {m.supersedes for m in theirs.log if m.supersedes is not None}
+    return any(type(m).__name__ == "Action" and m.scope == op.scope
+               and m.resource == op.resource and not m.failed and m.agent_id != agent_id
+               and m.id in invalidated and m.id not in superseded for m in theirs.log)
 
 
 def _run(operations: list[Any], space: Any,
@@ -788,6 +806,10 @@ REPRODUCE: dict[str, list[Any]] = {
     "deferred_loser": [PreAction("ann", "pool", "r1", "book", 0.2),
                        PreAction("bob", "pool", "r1", "book", 0.9),
                        ResolveDeferred("pool", "r1", False)],
+    # (found by the random test: the warning, of another scope, invalidates ann's action)
+    "invalidated_claim": [PostAction("ann", "crowd", "r1", None),
+                          replace(_w("ann", "desk", "warning", "r1"), invalidates=0),
+                          PreAction("bob", "crowd", "r1", "book", 0.2)],
 }
 
 
