@@ -109,10 +109,7 @@ def _chunks(store: EnvelopeStore, cut: date) -> Iterator[list[tuple]]:
 
 
 def _oids(cur: Any, cut: date) -> list[int]:
-    names = [p.name for p in trail_partitions.droppable(cur, cut, "envelopes")]
-    cur.execute("SELECT coalesce(array_agg(('agentpost.' || n)::regclass::oid), '{}')"
-                " FROM unnest(%s::text[]) n", (names,))
-    return cur.fetchone()[0]
+    return trail_partitions.oids(cur, trail_partitions.droppable(cur, cut, "envelopes"))
 
 
 def check(store: EnvelopeStore, exported: trail_export.Export, cut: date,
@@ -126,9 +123,7 @@ def check(store: EnvelopeStore, exported: trail_export.Export, cut: date,
         oids = _oids(cur, cut)
         if not oids:
             return
-        cur.execute("SELECT coalesce(array_agg(('agentpost.' || n)::regclass::oid), '{}')"
-                    " FROM unnest(%s::text[]) n", ([p.name for p in trail_parts],))
-        params = {"cut": cut, "oids": oids, "trail": cur.fetchone()[0]}
+        params = {"cut": cut, "oids": oids, "trail": trail_partitions.oids(cur, trail_parts)}
         _keep_named(cur, params, "t.tableoid <> ALL (%(trail)s::oid[])")
         _check_archived(cur, exported, directory, params)
 
@@ -284,15 +279,8 @@ def _drop(cur: Any, parts: list[trail_partitions.Partition], params: dict[str, A
 def archived(exported: trail_export.Export, directory: str,
              columns: tuple[str, ...] = COLUMNS) -> Iterator[list[tuple]]:
     """The rows of one cut's envelope copy, `columns` of each, CHUNK at a time."""
-    pq, _ = trail_export.pyarrow_modules()
-    for path in sorted((Path(exported.path) / directory).rglob("*.parquet")):
-        try:
-            for part in pq.ParquetFile(str(path)).iter_batches(batch_size=CHUNK,
-                                                               columns=list(columns)):
-                yield list(zip(*(part.column(c).to_pylist() for c in columns), strict=True))
-        except (OSError, ValueError) as exc:  # pyarrow's errors are ValueErrors too
-            raise InvalidInput(f"cannot read the archive's {path}: "
-                               f"{str(exc).splitlines()[0][:200]}") from None
+    for _path, rows in trail_export.read_rows(Path(exported.path) / directory, columns, CHUNK):
+        yield rows
 
 
 def _copy_text(value: str | None) -> str:

@@ -294,25 +294,17 @@ def _copy_in(cur: Any, buf: io.StringIO) -> None:
 def _archived_rows(exported: trail_export.Export, lo: int, hi: int) -> Iterator[tuple]:
     """(id, prev_hash, hash, mac) of every archived entry with an id in lo..hi, each checked
     to hash its record (refused otherwise)."""
-    pq, _ = trail_export.pyarrow_modules()
     for b in exported.batches:
         if b.to_id < lo or b.from_id > hi:
             continue
-        for path in sorted((Path(exported.path) / b.dir).rglob("*.parquet")):
-            try:
-                batches = pq.ParquetFile(str(path)).iter_batches(
-                    batch_size=CHUNK, columns=["id", "record", "prev_hash", "hash", "mac"])
-                for part in batches:
-                    yield from _checked(part, path, lo, hi)
-            except (OSError, ValueError) as exc:  # pyarrow's errors are ValueErrors too
-                raise InvalidInput(f"cannot read the archive's {path}: "
-                                   f"{str(exc).splitlines()[0][:200]}") from None
+        for path, rows in trail_export.read_rows(Path(exported.path) / b.dir,
+                                                 ("id", "record", "prev_hash", "hash", "mac"),
+                                                 CHUNK):
+            yield from _checked(rows, path, lo, hi)
 
 
-def _checked(part: Any, path: Path, lo: int, hi: int) -> Iterator[tuple]:
-    for i, rec, prev, digest, mac in zip(*(part.column(c).to_pylist() for c in
-                                           ("id", "record", "prev_hash", "hash", "mac")),
-                                         strict=True):
+def _checked(rows: list[tuple], path: Path, lo: int, hi: int) -> Iterator[tuple]:
+    for i, rec, prev, digest, mac in rows:
         if not lo <= i <= hi:
             continue
         if entry_hash(prev, rec) != digest:

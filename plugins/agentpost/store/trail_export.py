@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Iterator
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,19 @@ def pyarrow_modules() -> tuple[Any, Any]:
         raise InvalidInput("the trail archive writes Parquet with pyarrow: install "
                            "airflow-agentpost[archive]") from None
     return pq, pa
+
+
+def read_rows(directory: Path, columns: tuple[str, ...],
+              chunk: int = 20_000) -> Iterator[tuple[Path, list[tuple]]]:
+    """The rows of every Parquet file under `directory`, `columns` of each, `chunk` at a time
+    with the file they came from; a file unreadable is a one-line InvalidInput."""
+    pq, _ = pyarrow_modules()
+    for path in sorted(directory.rglob("*.parquet")):
+        try:
+            for part in pq.ParquetFile(str(path)).iter_batches(batch_size=chunk,
+                                                               columns=list(columns)):
+                yield path, list(zip(*(part.column(c).to_pylist() for c in columns),
+                                     strict=True))
+        except (OSError, ValueError) as exc:  # pyarrow's errors are ValueErrors too
+            raise InvalidInput(f"cannot read the archive's {path}: "
+                               f"{str(exc).splitlines()[0][:200]}") from None

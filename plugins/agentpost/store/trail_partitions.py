@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["Partition", "drop", "droppable", "ensure_partitions", "keep"]
+__all__ = ["Partition", "drop", "droppable", "ensure_partitions", "keep", "oids"]
 
 #: the partitioned history tables, each with `<table>_pYYYYMM` months and `<table>_legacy`,
 #: and the column that says how old a row is
@@ -136,13 +136,17 @@ MOVE = (f"UPDATE agentpost.trail t SET part_day = '-infinity'"
         f" FROM (SELECT DISTINCT id FROM agentpost_keep) k WHERE t.id = k.id AND {_OLD}")
 
 
+def oids(cur: Any, partitions: list[Partition]) -> list[int]:
+    """The table oids of `partitions` (what the statements compare `tableoid` with)."""
+    cur.execute("SELECT coalesce(array_agg(('agentpost.' || n)::regclass::oid), '{}')"
+                " FROM unnest(%s::text[]) n", ([_ident(p.name) for p in partitions],))
+    return cur.fetchone()[0]
+
+
 def keep(cur: Any, partitions: list[Partition], cut: date) -> int:
     """Move what `KEEP` keeps out of `partitions` into trail_kept; how many entries. An
     UPDATE like any other: the agents' appends go on beside it (they write this month)."""
-    names = [_ident(p.name) for p in partitions]
-    cur.execute("SELECT array_agg(('agentpost.' || n)::regclass::oid) FROM unnest(%s::text[]) n",
-                (names,))
-    params = {"oids": cur.fetchone()[0], "cut": cut}
+    params = {"oids": oids(cur, partitions), "cut": cut}
     cur.execute("SET LOCAL work_mem = '256MB'")
     for statement in KEEP:
         cur.execute(statement, params)
