@@ -183,6 +183,96 @@ def test_a_prune_beside_agents_at_work_fails_none_of_their_steps(aged: tuple, ds
     assert store.verify_trail().ok
 
 
+@pytest.fixture
+def backlog(store: EnvelopeStore, pg: Any) -> tuple[EnvelopeStore, date, int]:
+    """build()'s traffic plus twelve envelopes waiting in w2's inbox, all four months old:
+    (store, the cut, the envelope rows of the month)."""
+    build(store)
+    for n in range(12):
+        store.send("coord", "w2", "directive", f"backlog {n}")
+    month = old_month()
+    age(pg, month)
+    return store, month_after(month), count(pg, partition(month, "envelopes"))
+
+
+def test_a_backlog_kept_moves_a_batch_at_a_time_beside_agents_at_work(
+        backlog: tuple, dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows kept move to envelopes_kept a few at a time, each batch under its own short
+    lock, while an agent leases and acks that very backlog: none of its steps fails, every
+    row of the month is dropped or kept, and the rows dropped are the ones the signed
+    `rows_pruned` entry accounts for (a run since the cut finds nothing unaccounted)."""
+    from agentpost.store import envelope_archive
+
+    store, cut, envelopes = backlog
+    monkeypatch.setattr(envelope_archive, "MOVE_BATCH", 3)
+    archive(store, str(tmp_path), cut)
+    stop, started = threading.Event(), threading.Barrier(2)
+    errors: list[BaseException] = []
+    acked: list[str] = []
+
+    def agent() -> None:
+        with EnvelopeStore(dsn) as own:
+            started.wait()
+            while not stop.is_set():
+                try:
+                    for lease in own.lease("w2", max=1):
+                        own.ack(lease.token)
+                        acked.append(lease.envelope.id)
+                    own.send("coord", "w2", "directive", "more")
+                except BaseException as exc:  # any step failing fails the test
+                    errors.append(exc)
+                    return
+
+    worker = threading.Thread(target=agent)
+    worker.start()
+    started.wait()
+    pruned = prune(store, str(tmp_path), cut)
+    stop.set()
+    worker.join(timeout=60)
+    assert not errors, errors
+    assert pruned.envelopes_kept >= 12 and pruned.envelopes + pruned.envelopes_kept == envelopes
+    # four or more batches, each its own hold: all the holds together outlast the longest
+    assert pruned.envelopes_locked_total_s > pruned.envelopes_locked_s > 0
+    assert acked  # the agent worked through the backlog while it moved
+    result = store.verify_trail()
+    assert result.ok, result.failure
+    assert result.rows_unaccounted == ()
+
+
+def test_a_prune_cut_short_after_moving_rows_kept_goes_on_when_run_again(
+        backlog: tuple, pg: Any, dsn: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The envelopes' last step cannot have its lock (the system chain is held): the rows
+    already moved stay kept, the month stays, the store verifies; run again, the prune drops
+    the rest and accounts for exactly the rows that left."""
+    import psycopg2
+
+    from agentpost.store import envelope_archive, trail_partitions
+
+    store, cut, envelopes = backlog
+    monkeypatch.setattr(envelope_archive, "MOVE_BATCH", 4)
+    monkeypatch.setattr(trail_partitions, "LOCK_TIMEOUT_MS", 300)
+    archive(store, str(tmp_path), cut)
+    holder = psycopg2.connect(dsn)
+    try:
+        with holder.cursor() as cur:
+            cur.execute("SELECT agentpost._lock_chains(ARRAY['system'])")
+        with pytest.raises(StoreError, match="envelopes stayed busy"):
+            prune(store, str(tmp_path), cut)
+    finally:
+        holder.close()
+    month = partition(old_month(), "envelopes")
+    moved = count(pg, "envelopes_kept")
+    assert exists(pg, month) and moved >= 12
+    assert count(pg, month) + moved == envelopes
+    assert store.verify_trail().ok
+    again = prune(store, str(tmp_path), cut)
+    assert again.partitions == [month] and not exists(pg, month)
+    assert moved + again.envelopes_kept + again.envelopes == envelopes
+    result = store.verify_trail()
+    assert result.ok and result.rows_unaccounted == ()
+
+
 def test_after_a_prune_tampering_is_still_caught(aged: tuple, pg: Any,
                                                  tmp_path: Path) -> None:
     store, cut, _ = aged

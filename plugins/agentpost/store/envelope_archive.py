@@ -13,14 +13,20 @@ envelope months, once the trail's are gone, in three steps on one connection:
    entry up to it committed;
 2. beside the agents: the rows to keep (still open, or named by an entry up to the horizon:
    `trail_partitions.KEEP` left those in Postgres) and the digest of every row of the months;
+   then the rows to keep moved to `envelopes_kept`, MOVE_BATCH at a time, each batch in its
+   own transaction under the envelopes' EXCLUSIVE lock;
 3. under the envelopes' ACCESS EXCLUSIVE lock, short: the rows to keep again (opened, or
-   named by an entry written since the horizon: a few), moved to `envelopes_kept`; the
-   months detached and dropped; and a `rows_pruned` entry in the system chain with the
-   count and digest of the rows that left, which a verification since an earlier checkpoint
-   takes off its row digests (`store.row_digests`).
+   named by an entry written since the horizon: a few), moved too; the months detached and
+   dropped; and a `rows_pruned` entry in the system chain with the count and digest of the
+   rows that left, which a verification since an earlier checkpoint takes off its row
+   digests (`store.row_digests`).
 
 Moving a row to another partition while an agent updates it would fail the agent's statement
-("moved to another partition"): so the move runs under the lock, when no agent holds a row.
+("moved to another partition"), so every move runs under a table lock that no agent's write
+holds beside it. A backlog of kept rows is moved in batches so that an agent waits for one
+batch at most, never for the whole backlog; EXCLUSIVE (not ACCESS EXCLUSIVE) lets plain reads
+(the page, verification) go on meanwhile. A prune cut short between batches leaves rows it
+moved kept, which is what they were to be: a second run computes what is left.
 """
 
 from __future__ import annotations
@@ -59,10 +65,12 @@ _OLD = ("e.part_day >= '1900-01-01' AND e.part_day < %(cut)s"
         " AND e.tableoid = ANY (%(oids)s::oid[])")
 #: rows read per statement
 CHUNK = 20_000
+#: rows kept moved per transaction beside the agents (each such move holds their writes)
+MOVE_BATCH = 2_000
 #: a digest over a set of rows' ids, as the checkpoint's `row_digests` query computes it
 _DIGEST = ("SELECT count(*), coalesce(sum(('x' || encode(substr(sha256(%(opad)s || sha256("
            "%(ipad)s || convert_to(e.id, 'UTF8'))), 1, 8), 'hex'))::bit(64)::bigint), 0)"
-           " FROM agentpost.envelopes e")
+           " FROM {rows} e")
 
 
 def write(store: EnvelopeStore, exported: trail_export.Export, cut: date) -> tuple[str, int]:
@@ -129,12 +137,14 @@ def check(store: EnvelopeStore, exported: trail_export.Export, cut: date,
 
 
 class Pruned(NamedTuple):
-    """What `prune` did: rows dropped, rows kept (moved to envelopes_kept), and how long it
-    held the envelopes' lock (every agent's step that touches envelopes waits that long)."""
+    """What `prune` did: rows dropped, rows kept (moved to envelopes_kept), the longest the
+    envelopes' lock was held at once (the longest an agent's step touching envelopes waited)
+    and how long all the holds took together."""
 
     dropped: int = 0
     kept: int = 0
     locked_s: float = 0.0
+    locked_total_s: float = 0.0
 
 
 def prune(store: EnvelopeStore, cut: date) -> Pruned:
@@ -149,7 +159,8 @@ def prune(store: EnvelopeStore, cut: date) -> Pruned:
                   "horizon": _horizon(cur)}
         _keep_named(cur, params, "t.id <= %(horizon)s")
         everything = _digest(cur, f"WHERE {_OLD}", params)
-        return _drop(cur, parts, params, everything, cut)
+        moved = _move_kept(cur, params)
+        return _drop(cur, parts, params, everything, cut, moved)
 
 
 @contextmanager
@@ -204,10 +215,58 @@ def _keep_open(cur: Any, params: dict[str, Any]) -> None:
                     f" WHERE {_OLD} AND {open_rows} ON CONFLICT DO NOTHING", params)
 
 
+class _Moved(NamedTuple):
+    """The rows kept moved beside the agents: their digest, and the seconds of each hold."""
+
+    digest: RowDigest
+    holds: list[float]
+
+
+def _move_kept(cur: Any, params: dict[str, Any]) -> _Moved:
+    """Step 2's rows to keep moved to envelopes_kept, MOVE_BATCH at a time, each batch under
+    the envelopes' EXCLUSIVE lock for as long as it takes."""
+    cur.execute("SELECT id FROM agentpost_env_keep ORDER BY id")
+    ids = [r[0] for r in cur.fetchall()]
+    moved, holds = RowDigest(), []
+    for start in range(0, len(ids), MOVE_BATCH):
+        cur.execute("BEGIN")
+        try:
+            cur.execute(f"SET LOCAL lock_timeout = {trail_partitions.LOCK_TIMEOUT_MS}")
+            cur.execute("LOCK TABLE agentpost.envelopes IN EXCLUSIVE MODE")
+            locked = time.perf_counter()
+            batch = _move(cur, "e.id = ANY (%(batch)s)",
+                          {**params, "batch": ids[start:start + MOVE_BATCH]})
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        cur.execute("COMMIT")
+        holds.append(time.perf_counter() - locked)
+        moved = _sum(moved, batch)
+    return _Moved(moved, holds)
+
+
+def _move(cur: Any, which: str, params: dict[str, Any]) -> RowDigest:
+    """The rows of the months that `which` names (and the keep table holds) moved to
+    envelopes_kept, under a lock no agent's write holds beside (the module docstring); the
+    digest of the rows moved."""
+    cur.execute(f"WITH moved AS (UPDATE agentpost.envelopes e SET part_day = '-infinity'"
+                f" FROM agentpost_env_keep k WHERE k.id = e.id AND {which} AND {_OLD}"
+                f" RETURNING e.id) " + _DIGEST.format(rows="moved"), params)
+    return _fetched(cur)
+
+
 def _digest(cur: Any, where: str, params: dict[str, Any]) -> RowDigest:
-    cur.execute(f"{_DIGEST} {where}", params)
+    cur.execute(_DIGEST.format(rows="agentpost.envelopes") + f" {where}", params)
+    return _fetched(cur)
+
+
+def _fetched(cur: Any) -> RowDigest:
     count, total = cur.fetchone()
     return RowDigest(count, int(total) % MODULUS)
+
+
+def _sum(a: RowDigest, b: RowDigest) -> RowDigest:
+    return RowDigest(a.count + b.count, (a.sum + b.sum) % MODULUS)
 
 
 def _check_archived(cur: Any, exported: trail_export.Export, directory: str | None,
@@ -237,10 +296,11 @@ def _check_archived(cur: Any, exported: trail_export.Export, directory: str | No
 
 
 def _drop(cur: Any, parts: list[trail_partitions.Partition], params: dict[str, Any],
-          everything: RowDigest, cut: date) -> Pruned:
+          everything: RowDigest, cut: date, moved: _Moved) -> Pruned:
     """Step 3 (the module docstring), in one transaction: the system chain's lock, then the
-    envelopes' (so no one holds a row while it moves), the rows kept moved, the months
-    dropped, and the signed `rows_pruned` entry."""
+    envelopes' (so no one holds a row while it moves), the last rows kept moved, the months
+    dropped, and the signed `rows_pruned` entry. `everything` is the months' digest before
+    step 2 moved rows out: the rows kept are those step 2 moved and those moved here."""
     cur.execute("BEGIN")
     try:
         cur.execute(f"SET LOCAL lock_timeout = {trail_partitions.LOCK_TIMEOUT_MS}")
@@ -252,9 +312,7 @@ def _drop(cur: Any, parts: list[trail_partitions.Partition], params: dict[str, A
                     f" WHERE {_OLD} AND e.id IN (SELECT t.envelope_id FROM agentpost.trail t"
                     f" WHERE t.id > %(horizon)s AND t.envelope_id IS NOT NULL)"
                     f" ON CONFLICT DO NOTHING", params)
-        kept = _digest(cur, f"JOIN agentpost_env_keep k ON k.id = e.id WHERE {_OLD}", params)
-        cur.execute(f"UPDATE agentpost.envelopes e SET part_day = '-infinity'"
-                    f" FROM agentpost_env_keep k WHERE k.id = e.id AND {_OLD}", params)
+        kept = _sum(moved.digest, _move(cur, "true", params))
         dropped = trail_partitions.drop(cur, parts)
         gone = RowDigest(everything.count - kept.count, (everything.sum - kept.sum) % MODULUS)
         if dropped != gone.count:
@@ -273,7 +331,8 @@ def _drop(cur: Any, parts: list[trail_partitions.Partition], params: dict[str, A
         cur.execute("ROLLBACK")
         raise
     cur.execute("COMMIT")
-    return Pruned(dropped, kept.count, time.perf_counter() - locked)
+    holds = [*moved.holds, time.perf_counter() - locked]
+    return Pruned(dropped, kept.count, max(holds), sum(holds))
 
 
 def archived(exported: trail_export.Export, directory: str,

@@ -67,7 +67,8 @@ class PruneResult(BaseModel):
     signals: int = 0  # the signals dropped with the months
     envelopes: int = 0  # the envelope rows dropped with the months
     envelopes_kept: int = 0  # the envelope rows of those months that stay (envelopes_kept)
-    envelopes_locked_s: float = 0.0  # how long the envelopes' lock was held
+    envelopes_locked_s: float = 0.0  # the longest the envelopes' lock was held at once
+    envelopes_locked_total_s: float = 0.0  # all its holds together (a batch of rows kept each)
 
 
 def due(store: EnvelopeStore, cut: date) -> list[str]:
@@ -146,7 +147,8 @@ def prune(store: EnvelopeStore, directory: str, cut: date, *,
     return PruneResult(cut=cut, partitions=names + [p.name for p in left["envelopes"]],
                        dropped=dropped, kept=kept, signals=signals,
                        envelopes=envelopes.dropped, envelopes_kept=envelopes.kept,
-                       envelopes_locked_s=envelopes.locked_s)
+                       envelopes_locked_s=envelopes.locked_s,
+                       envelopes_locked_total_s=envelopes.locked_total_s)
 
 
 def _prune_trail(store: EnvelopeStore, exported: trail_export.Export, parts: list[Partition],
