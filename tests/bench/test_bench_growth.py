@@ -35,7 +35,8 @@ GOALS = (
     r"[\d.]+x the entries\)",
     r"after the prune the envelopes' size follows what is left of it \([\d.]+x the bytes for "
     r"[\d.]+x the rows\)",
-    r"the prune holds the envelopes' lock under 1 s at once, whatever it keeps \([\d.]+ s for "
+    r"the prune holds the trail's and the envelopes' locks under 1 s at once, whatever it drops "
+    r"and keeps \(trail [\d.]+ s for [1-9][\d,]* entries dropped; envelopes [\d.]+ s for "
     r"[1-9][\d,]* rows kept\)",
 )
 
@@ -102,6 +103,8 @@ def test_bench_growth_prints_every_size_ratio_and_goal(
                      r"after", out), out
     assert re.search(r"archive and prune half: the envelopes' lock held\s+[\d.]+ s at most at "
                      r"once, [\d.]+ s in all \(to move [1-9][\d,]* rows kept", out), out
+    assert re.search(r"archive and prune half: the trail's lock held\s+[\d.]+ s \(to detach",
+                     out), out
     assert re.search(r"archive and prune half: trail size\s+[\d,]+ MiB before, [\d,]+ MiB "
                      r"after", out), out
     for label in RATES:

@@ -233,6 +233,7 @@ def test_a_backlog_kept_moves_a_batch_at_a_time_beside_agents_at_work(
     assert pruned.envelopes_kept >= 12 and pruned.envelopes + pruned.envelopes_kept == envelopes
     # four or more batches, each its own hold: all the holds together outlast the longest
     assert pruned.envelopes_locked_total_s > pruned.envelopes_locked_s > 0
+    assert pruned.trail_locked_s > 0  # the trail's months went under its lock, timed
     assert acked  # the agent worked through the backlog while it moved
     result = store.verify_trail()
     assert result.ok, result.failure

@@ -38,6 +38,7 @@ class PruneNumbers:
     envelopes_kept: int = 0
     locked_s: float = 0.0
     locked_total_s: float = 0.0
+    trail_locked_s: float = 0.0
     before: dict[str, int] = field(default_factory=dict)
     after: dict[str, int] = field(default_factory=dict)
 
@@ -88,6 +89,7 @@ def archive_and_prune(side: Any, filled: growth_fill.Filled) -> PruneNumbers:
     numbers.signals, numbers.envelopes = pruned.signals, pruned.envelopes
     numbers.envelopes_kept, numbers.locked_s = pruned.envelopes_kept, pruned.envelopes_locked_s
     numbers.locked_total_s = pruned.envelopes_locked_total_s
+    numbers.trail_locked_s = pruned.trail_locked_s
     side.store.db.scalar("SELECT 1")  # the store still answers after the drop
     numbers.after = sizes(side)
     return numbers
@@ -107,6 +109,9 @@ def report_rows(report: Any, numbers: PruneNumbers) -> None:
                f"{numbers.locked_s:,.2f} s at most at once, {numbers.locked_total_s:,.2f} s in "
                f"all (to move {numbers.envelopes_kept:,} rows kept, a batch at a time, and "
                "drop the month)")
+    report.add("archive and prune half: the trail's lock held",
+               f"{numbers.trail_locked_s:,.2f} s (to detach and drop its months; every append "
+               "waits that long)")
     for name in ("trail bytes", "signals bytes", "envelopes bytes"):
         before, after = numbers.before[name], numbers.after[name]
         report.add(f"archive and prune half: {name.split()[0]} size",
@@ -118,7 +123,7 @@ def report_rows(report: Any, numbers: PruneNumbers) -> None:
 
 
 
-#: the longest an agent's step may wait for the prune's lock on the envelopes
+#: the longest an agent's step may wait for one of the prune's locks
 LOCK_GOAL_S = 1.0
 
 
@@ -126,9 +131,11 @@ def goal(report: Any, numbers: PruneNumbers) -> None:
     """The space goes with the partitions: the trail and the envelopes after the prune are
     no larger than their rows' share of them before (10% slack); and the agents never wait
     long for the prune, however many rows it keeps."""
-    report.goal(f"the prune holds the envelopes' lock under {LOCK_GOAL_S:.0f} s at once, "
-                f"whatever it keeps ({numbers.locked_s:.2f} s for "
-                f"{numbers.envelopes_kept:,} rows kept)", numbers.locked_s < LOCK_GOAL_S)
+    longest = max(numbers.locked_s, numbers.trail_locked_s)
+    report.goal(f"the prune holds the trail's and the envelopes' locks under {LOCK_GOAL_S:.0f} s"
+                f" at once, whatever it drops and keeps (trail {numbers.trail_locked_s:.2f} s "
+                f"for {numbers.dropped:,} entries dropped; envelopes {numbers.locked_s:.2f} s "
+                f"for {numbers.envelopes_kept:,} rows kept)", longest < LOCK_GOAL_S)
     for table, whose, rows in (("trail", "trail's", "entries"),
                                ("envelopes", "envelopes'", "rows")):
         share = numbers.after[f"{table} {rows}"] / numbers.before[f"{table} {rows}"]

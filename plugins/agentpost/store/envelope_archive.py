@@ -313,7 +313,7 @@ def _drop(cur: Any, parts: list[trail_partitions.Partition], params: dict[str, A
                     f" WHERE t.id > %(horizon)s AND t.envelope_id IS NOT NULL)"
                     f" ON CONFLICT DO NOTHING", params)
         kept = _sum(moved.digest, _move(cur, "true", params))
-        dropped = trail_partitions.drop(cur, parts)
+        dropped = trail_partitions.drop(cur, parts).rows
         gone = RowDigest(everything.count - kept.count, (everything.sum - kept.sum) % MODULUS)
         if dropped != gone.count:
             raise InvalidInput(f"the envelope months changed under the prune ({dropped} rows "

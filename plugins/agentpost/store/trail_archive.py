@@ -69,6 +69,7 @@ class PruneResult(BaseModel):
     envelopes_kept: int = 0  # the envelope rows of those months that stay (envelopes_kept)
     envelopes_locked_s: float = 0.0  # the longest the envelopes' lock was held at once
     envelopes_locked_total_s: float = 0.0  # all its holds together (a batch of rows kept each)
+    trail_locked_s: float = 0.0  # how long the trail's lock was held (every append waits)
 
 
 def due(store: EnvelopeStore, cut: date) -> list[str]:
@@ -136,11 +137,14 @@ def prune(store: EnvelopeStore, directory: str, cut: date, *,
     names = [p.name for p in left["trail"]]
     envelope_archive.check(store, exported, cut, taken.envelopes, left["trail"])
     dropped = kept = 0
+    trail_locked_s = 0.0
     if left["trail"]:
-        dropped, kept = _prune_trail(store, exported, left["trail"], cut, checkpoint)
+        dropped, kept, trail_locked_s = _prune_trail(store, exported, left["trail"], cut,
+                                                     checkpoint)
     # the months' signals, which their signal_emitted entries (archived) repeat
     with _busy("signals"), store.db.transaction() as conn, conn.cursor() as cur:
-        signals = trail_partitions.drop(cur, trail_partitions.droppable(cur, cut, "signals"))
+        signals = trail_partitions.drop(
+            cur, trail_partitions.droppable(cur, cut, "signals")).rows
     # and the envelopes' rows that nothing left in Postgres names
     with _busy("envelopes"):
         envelopes = envelope_archive.prune(store, cut)
@@ -148,22 +152,24 @@ def prune(store: EnvelopeStore, directory: str, cut: date, *,
                        dropped=dropped, kept=kept, signals=signals,
                        envelopes=envelopes.dropped, envelopes_kept=envelopes.kept,
                        envelopes_locked_s=envelopes.locked_s,
-                       envelopes_locked_total_s=envelopes.locked_total_s)
+                       envelopes_locked_total_s=envelopes.locked_total_s,
+                       trail_locked_s=trail_locked_s)
 
 
 def _prune_trail(store: EnvelopeStore, exported: trail_export.Export, parts: list[Partition],
-                 cut: date, checkpoint: str) -> tuple[int, int]:
-    """The trail's months: checked, what stays kept, then dropped; (dropped, kept)."""
+                 cut: date, checkpoint: str) -> tuple[int, int, float]:
+    """The trail's months: checked, what stays kept, then dropped; (dropped, kept, how long
+    the trail's lock was held)."""
     with store.db.transaction() as conn, conn.cursor() as cur:
         _check_archived(cur, exported, parts, cut)
         kept = trail_partitions.keep(cur, parts, cut)
     with _busy("trail"), store.db.transaction() as conn, conn.cursor() as cur:
-        dropped = trail_partitions.drop(cur, parts)
+        dropped, locked_s = trail_partitions.drop(cur, parts)
         cur.execute("INSERT INTO agentpost.trail_prunes (cut, checkpoint, partitions,"
                     " dropped, kept, archive) VALUES (%s, %s, %s, %s, %s, %s)",
                     (cut, checkpoint, [p.name for p in parts], dropped, kept,
                      str(exported.path)[:4096]))
-    return dropped, kept
+    return dropped, kept, locked_s
 
 
 @contextmanager

@@ -13,16 +13,19 @@ entry says the same, and is archived. The envelopes' rows that stay are kept by
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["Partition", "drop", "droppable", "ensure_partitions", "keep", "oids"]
+__all__ = ["Dropped", "Partition", "drop", "droppable", "ensure_partitions", "keep", "oids"]
 
 #: the partitioned history tables, each with `<table>_pYYYYMM` months and `<table>_legacy`,
 #: and the column that says how old a row is
 TABLES = {"trail": "at", "signals": "at", "envelopes": "created_at"}
+#: the tables whose rows no statement of the store updates or deletes (but the prune's own)
+APPEND_ONLY = frozenset({"trail", "signals"})
 #: how long a prune waits for the trail's lock before it gives up (agents keep writing)
 LOCK_TIMEOUT_MS = 10_000
 
@@ -154,23 +157,51 @@ def keep(cur: Any, partitions: list[Partition], cut: date) -> int:
     return cur.rowcount
 
 
-def drop(cur: Any, partitions: list[Partition]) -> int:
-    """Detach and drop `partitions`, all of one table, in the caller's transaction; the rows
-    dropped. It takes the table's ACCESS EXCLUSIVE lock first, waiting at most
-    LOCK_TIMEOUT_MS: taken later, as an upgrade of a weaker one, it would deadlock with an
-    append that read a head before it and inserts after. (One table per transaction: holding
-    one table's lock while waiting for another's deadlocks with a step that writes both.)"""
+class Dropped(NamedTuple):
+    """What `drop` did: the rows dropped, and how long it held the table's ACCESS EXCLUSIVE
+    lock (every statement on the table waits that long)."""
+
+    rows: int
+    locked_s: float
+
+
+def drop(cur: Any, partitions: list[Partition]) -> Dropped:
+    """Detach and drop `partitions`, all of one table, in the caller's transaction. It takes
+    the table's ACCESS EXCLUSIVE lock first, waiting at most LOCK_TIMEOUT_MS: taken later, as
+    an upgrade of a weaker one, it would deadlock with an append that read a head before it
+    and inserts after. (One table per transaction: holding one table's lock while waiting for
+    another's deadlocks with a step that writes both.)
+
+    The rows of an append-only table's months (`APPEND_ONLY`: no statement of the store
+    changes them once written, and `keep` moved out what stays) are counted before that
+    lock, under SHARE locks on the months alone, which no agent's step conflicts with (an
+    append only reads other months) and which hold the count until the drop: counting
+    millions of entries under the table's lock stopped every append for seconds. The
+    envelopes' months, whose rows agents update (and an update by id locks every month),
+    are counted under the table's lock."""
     names = [_ident(p.name) for p in partitions]
     parents = {n.rsplit("_", 1)[0] for n in names}
     if len(parents) > 1:
         raise ValueError(f"partitions of more than one table: {sorted(parents)}")
     parent = parents.pop() if parents else "trail"
     cur.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
+    rows = _count(cur, names) if parent in APPEND_ONLY else 0
     cur.execute(f"LOCK TABLE agentpost.{parent} IN ACCESS EXCLUSIVE MODE")
-    dropped = 0
+    locked = time.perf_counter()
+    if parent not in APPEND_ONLY:
+        rows = _count(cur, names)
     for name in names:
-        cur.execute(f"SELECT count(*) FROM agentpost.{name}")
-        dropped += cur.fetchone()[0]
         cur.execute(f"ALTER TABLE agentpost.{parent} DETACH PARTITION agentpost.{name}")
         cur.execute(f"DROP TABLE agentpost.{name}")
-    return dropped
+    return Dropped(rows, time.perf_counter() - locked)
+
+
+def _count(cur: Any, names: list[str]) -> int:
+    """The rows of the partitions `names`, each locked SHARE first (a no-op under the
+    table's ACCESS EXCLUSIVE lock)."""
+    rows = 0
+    for name in names:
+        cur.execute(f"LOCK TABLE agentpost.{name} IN SHARE MODE")
+        cur.execute(f"SELECT count(*) FROM agentpost.{name}")
+        rows += cur.fetchone()[0]
+    return rows
