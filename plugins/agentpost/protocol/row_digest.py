@@ -65,6 +65,14 @@ class RowDigest:
         values = list(hashes)
         return RowDigest(self.count - len(values), (self.sum - sum(values)) % MODULUS)
 
+    def __add__(self, other: RowDigest) -> RowDigest:
+        """The digest of two disjoint sets of rows together."""
+        return RowDigest(self.count + other.count, (self.sum + other.sum) % MODULUS)
+
+    def __sub__(self, other: RowDigest) -> RowDigest:
+        """The digest of these rows without `other`, a subset of them."""
+        return RowDigest(self.count - other.count, (self.sum - other.sum) % MODULUS)
+
     def to_json(self) -> dict[str, int | str]:
         return {"count": self.count, "sum": f"{self.sum:016x}"}
 

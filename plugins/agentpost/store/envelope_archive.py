@@ -241,7 +241,7 @@ def _move_kept(cur: Any, params: dict[str, Any]) -> _Moved:
             raise
         cur.execute("COMMIT")
         holds.append(time.perf_counter() - locked)
-        moved = _sum(moved, batch)
+        moved += batch
     return _Moved(moved, holds)
 
 
@@ -263,10 +263,6 @@ def _digest(cur: Any, where: str, params: dict[str, Any]) -> RowDigest:
 def _fetched(cur: Any) -> RowDigest:
     count, total = cur.fetchone()
     return RowDigest(count, int(total) % MODULUS)
-
-
-def _sum(a: RowDigest, b: RowDigest) -> RowDigest:
-    return RowDigest(a.count + b.count, (a.sum + b.sum) % MODULUS)
 
 
 def _check_archived(cur: Any, exported: trail_export.Export, directory: str | None,
@@ -312,9 +308,9 @@ def _drop(cur: Any, parts: list[trail_partitions.Partition], params: dict[str, A
                     f" WHERE {_OLD} AND e.id IN (SELECT t.envelope_id FROM agentpost.trail t"
                     f" WHERE t.id > %(horizon)s AND t.envelope_id IS NOT NULL)"
                     f" ON CONFLICT DO NOTHING", params)
-        kept = _sum(moved.digest, _move(cur, "true", params))
+        kept = moved.digest + _move(cur, "true", params)
         dropped = trail_partitions.drop(cur, parts).rows
-        gone = RowDigest(everything.count - kept.count, (everything.sum - kept.sum) % MODULUS)
+        gone = everything - kept
         if dropped != gone.count:
             raise InvalidInput(f"the envelope months changed under the prune ({dropped} rows "
                                f"dropped, {gone.count} expected): nothing pruned; run it again")

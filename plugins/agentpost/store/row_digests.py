@@ -64,8 +64,7 @@ def expected(cur: Any, since: Checkpoint, base: dict[str, RowDigest], touched: T
                             .minus(row_hash(secret, r) for r in removed[kind])
             for kind in KINDS}
     for kind, left in touched.pruned:  # the rows a prune since dropped, as it counted them
-        want[kind] = RowDigest(want[kind].count - left.count, (want[kind].sum - left.sum)
-                               % MODULUS)
+        want[kind] -= left
     return want
 
 
