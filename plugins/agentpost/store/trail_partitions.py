@@ -167,10 +167,11 @@ class Dropped(NamedTuple):
 
 def drop(cur: Any, partitions: list[Partition]) -> Dropped:
     """Detach and drop `partitions`, all of one table, in the caller's transaction. It takes
-    the table's ACCESS EXCLUSIVE lock first, waiting at most LOCK_TIMEOUT_MS: taken later, as
-    an upgrade of a weaker one, it would deadlock with an append that read a head before it
-    and inserts after. (One table per transaction: holding one table's lock while waiting for
-    another's deadlocks with a step that writes both.)
+    the table's ACCESS EXCLUSIVE lock before any other lock on the table itself (the months'
+    SHARE locks below are on the months alone), waiting at most LOCK_TIMEOUT_MS: taken as an
+    upgrade of a weaker lock on the table, it would deadlock with an append that read a head
+    before it and inserts after. (One table per transaction: holding one table's lock while
+    waiting for another's deadlocks with a step that writes both.)
 
     The rows of an append-only table's months (`APPEND_ONLY`: no statement of the store
     changes them once written, and `keep` moved out what stays) are counted before that
