@@ -530,7 +530,8 @@ def test_a_store_upgraded_to_the_partitioned_trail_keeps_verifying_and_prunes_it
         (last,) = rows(conn, "SELECT max(id) FROM agentpost.trail")[0]
         assert migrate(empty_dsn) == ["0086_trail_partitions.sql", "0087_signals_partitions.sql",
                                       "0088_envelopes_partitions.sql",
-                                      "0089_empty_legacy_partitions.sql"]
+                                      "0089_empty_legacy_partitions.sql",
+                                      "0090_history_partitions.sql"]
         legacy = count(conn, "trail_legacy")
         envelopes = count(conn, "envelopes_legacy")
         assert envelopes == count(conn, "envelopes") > 0
