@@ -7,6 +7,7 @@ the store's own checker, and drops its databases. No timing is asserted (shared 
 from __future__ import annotations
 
 import inspect
+import os
 import re
 
 import psycopg2
@@ -42,11 +43,13 @@ GOALS = (
 
 
 def _scratch_databases(dsn: str) -> list[str]:
+    """This process's scratch databases (named by its pid: another run of the bench on the
+    same server, a developer's or another test worker's, has its own)."""
     conn = psycopg2.connect(dsn_for_database(libpq_dsn(dsn), "postgres"))
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT datname FROM pg_database "
-                        "WHERE datname LIKE 'agentpost_bench_growth_%'")
+            cur.execute("SELECT datname FROM pg_database WHERE datname LIKE %s",
+                        (f"agentpost_bench_growth_{os.getpid()}_%",))
             return [name for (name,) in cur.fetchall()]
     finally:
         conn.close()
@@ -64,7 +67,8 @@ def test_bench_growth_prints_every_size_ratio_and_goal(
     whole filled trail verifies; the scratch databases are gone afterwards."""
     before = set(_scratch_databases(dsn))
     code = main(["--dsn", dsn, "bench", "growth", "--large", "--scale", "0.001"])
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert code == 0, out
     assert re.search(r"empty store: raw INSERT\+COMMIT \(psycopg2\)\s+[\d,]+/s", out), out
     for label in RATES:
@@ -95,7 +99,13 @@ def test_bench_growth_prints_every_size_ratio_and_goal(
     assert re.search(r"1,000 envelopes: verify_trail\(\) whole trail\s+[\d.]+ s for [\d,]+ "
                      r"entries, verified", out), out
     assert re.search(r"history filled\s+10,000 envelopes in 10 inbox pairs", out), out
-    # the older half archived and pruned, then measured again (issue 26)
+    # the older half archived and pruned, then measured again (issue 26); verified since the
+    # checkpoint of the large size's verification, as the maintenance DAG does
+    assert re.search(r"archive and prune half: archive \(verify since the last checkpoint "
+                     r"\+ Parquet\)\s+[\d.]+ s for [1-9][\d,]* entries", out), out
+    # each step's end on stderr as the run goes
+    assert re.search(r"filled 10,000 envelopes \([\d.]+ min\)", captured.err), captured.err
+    assert "archived and pruned the older half" in captured.err
     assert re.search(r"archive and prune half: prune \(check \+ keep \+ drop\)\s+[\d.]+ s: "
                      r"[1-9][\d,]* entries dropped, [1-9][\d,]* kept; [\d,]+ signals and "
                      r"[1-9][\d,]* envelope rows dropped", out), out

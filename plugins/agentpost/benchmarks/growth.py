@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -124,6 +125,8 @@ class Numbers:
     full: tuple[float, int, bool] | None = None  # seconds, entries, verified
     deferred_s: float | None = None
     trail_entries: int = 0
+    #: the signed checkpoint `verify_trail(since=)` handed back (None if it failed)
+    checkpoint: dict[str, Any] | None = None
 
 
 @dataclass
@@ -293,6 +296,7 @@ def _verify_since(side: Side, numbers: Numbers, entries: int) -> None:
     result = side.store.verify_trail(since=checkpoint)  # type: ignore[call-arg]
     seconds = time.perf_counter() - started
     numbers.since = seconds if result.ok else f"FAILED: {result.failure}"
+    numbers.checkpoint = result.checkpoint
 
 
 def _verify_full(side: Side, numbers: Numbers) -> None:
@@ -338,6 +342,7 @@ def _measure_size(sides: list[Side], plan: Plan, *, raw: bool, verify_full: bool
 def run(*, dsn: str | None = None, scale: float = 1.0, large: bool = False) -> int:
     plan = Plan.make(scale, large)
     admin = _admin_dsn(dsn)
+    progress = _Progress()
     results: dict[int, tuple[Numbers, Numbers | None]] = {}
     filled = growth_fill.Filled()
     pruned: tuple[growth_prune.PruneNumbers, Numbers, Numbers] | None = None
@@ -357,19 +362,37 @@ def run(*, dsn: str | None = None, scale: float = 1.0, large: bool = False) -> i
                         if plan.large:
                             growth_prune.plan_old_half(cur, filled, plan.large)
                 _fill(grown, filled, size)
+                progress.say(f"filled {size:,} envelopes")
                 pair = _measure_size([empty, grown], plan, raw=False,
                                      verify_full=size <= plan.full_verify_up_to)
                 results[size] = (pair[0], pair[1])
+                progress.say(f"measured at {size:,}")
                 if size == plan.large:
-                    done = growth_prune.archive_and_prune(grown, filled)
+                    # as the maintenance DAG does: verified since the checkpoint it kept
+                    done = growth_prune.archive_and_prune(grown, filled, pair[1].checkpoint)
+                    progress.say("archived and pruned the older half")
                     vacuum(grown.dsn)
                     after = _measure_size([empty, grown], plan, raw=False, verify_full=False)
                     pruned = (done, after[0], after[1])
+                    progress.say("measured after the prune")
         backlog = _backlog_case(admin, plan)
     report = _report(plan, results, filled, backlog, pruned)
     report.print()
     checked = {**results, -1: pruned[1:]} if pruned else results
     return 0 if _all_verified(checked) else 1
+
+
+class _Progress:
+    """Each step's end on stderr with the time since the start (a large run takes hours;
+    the report comes at the end, so a run cut short says how far it got)."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+
+    def say(self, step: str) -> None:
+        minutes = (time.perf_counter() - self.started) / 60
+        print(f"agentpost bench growth: {step} ({minutes:,.1f} min)", file=sys.stderr,
+              flush=True)
 
 
 def _backlog_case(admin: str, plan: Plan) -> growth_backlog.BacklogNumbers:
