@@ -17,12 +17,14 @@
 -- Postgres 15 allows no unique key without the partition key, and no foreign key to a
 -- partitioned table by one. So:
 -- - each partition has its own keys (`_partition_keys`), and a trigger before each insert
---   (`_history_insert`) takes an advisory lock on the row's key and refuses a key another
---   month already holds, with the error the key gave (unique_violation, the constraint's
---   name): a command's id and (workspace, idempotency_key), a saga's id and (workspace,
---   saga_key), a route's id. Under the lock, the look-up sees every committed row (each
---   statement of the trigger takes a new snapshot), so two racing inserts of one key
---   serialize and the second is refused;
+--   (`_history_insert`) refuses a key another month already holds, with the error the key
+--   gave (unique_violation, the constraint's name): a command's id and (workspace,
+--   idempotency_key), a saga's id and (workspace, saga_key), a route's id. The trigger
+--   looks, it takes no lock: a lock per row held to the commit would run a bulk insert (or
+--   a prune moving thousands of rows between months, which fires it too) out of the lock
+--   table. Two inserts of one key racing in one month meet at that month's own key; the
+--   store's functions take an advisory lock on the key before they look and insert
+--   (`_history_key_lock`), so two of their calls never race whatever the month;
 -- - the three references among these tables (a recovery's target command, a step's saga,
 --   a step's compensation command) are checked by the same triggers, with the error the
 --   foreign key gave (foreign_key_violation). The store deletes none of these rows, so the
@@ -184,9 +186,9 @@ BEGIN
     END LOOP;
 END $$;
 
--- The keys and references a month's own keys cannot hold (the top of this file). Two keys of
--- one row are locked in a fixed order (the id's first); the refusals are the errors the keys
--- and foreign keys gave.
+-- The keys and references a month's own keys cannot hold (the top of this file); the
+-- refusals are the errors the keys and foreign keys gave. The lock the store's functions take
+-- on a key before they look for it and insert:
 CREATE FUNCTION agentpost._history_key_lock(p_table text, VARIADIC p_key text[]) RETURNS void
     LANGUAGE sql
     AS $$
@@ -213,8 +215,6 @@ CREATE FUNCTION agentpost._history_insert() RETURNS trigger
     AS $$
 BEGIN
     IF TG_ARGV[0] = 'commands' THEN
-        PERFORM agentpost._history_key_lock('commands', NEW.id);
-        PERFORM agentpost._history_key_lock('commands', NEW.workspace, NEW.idempotency_key);
         IF EXISTS (SELECT 1 FROM agentpost.commands WHERE id = NEW.id) THEN
             PERFORM agentpost._history_refuse('commands_pkey',
                 format('Key (id)=(%s) already exists.', NEW.id), false);
@@ -230,8 +230,6 @@ BEGIN
                        NEW.target_command_id), true);
         END IF;
     ELSIF TG_ARGV[0] = 'sagas' THEN
-        PERFORM agentpost._history_key_lock('sagas', NEW.id);
-        PERFORM agentpost._history_key_lock('sagas', NEW.workspace, NEW.saga_key);
         IF EXISTS (SELECT 1 FROM agentpost.sagas WHERE id = NEW.id) THEN
             PERFORM agentpost._history_refuse('sagas_pkey',
                 format('Key (id)=(%s) already exists.', NEW.id), false);
@@ -242,7 +240,6 @@ BEGIN
                        NEW.workspace, NEW.saga_key), false);
         END IF;
     ELSIF TG_ARGV[0] = 'routes' THEN
-        PERFORM agentpost._history_key_lock('routes', NEW.id);
         IF EXISTS (SELECT 1 FROM agentpost.routes WHERE id = NEW.id) THEN
             PERFORM agentpost._history_refuse('routes_pkey',
                 format('Key (id)=(%s) already exists.', NEW.id), false);

@@ -1824,8 +1824,6 @@ CREATE FUNCTION agentpost._history_insert() RETURNS trigger
     AS $$
 BEGIN
     IF TG_ARGV[0] = 'commands' THEN
-        PERFORM agentpost._history_key_lock('commands', NEW.id);
-        PERFORM agentpost._history_key_lock('commands', NEW.workspace, NEW.idempotency_key);
         IF EXISTS (SELECT 1 FROM agentpost.commands WHERE id = NEW.id) THEN
             PERFORM agentpost._history_refuse('commands_pkey',
                 format('Key (id)=(%s) already exists.', NEW.id), false);
@@ -1841,8 +1839,6 @@ BEGIN
                        NEW.target_command_id), true);
         END IF;
     ELSIF TG_ARGV[0] = 'sagas' THEN
-        PERFORM agentpost._history_key_lock('sagas', NEW.id);
-        PERFORM agentpost._history_key_lock('sagas', NEW.workspace, NEW.saga_key);
         IF EXISTS (SELECT 1 FROM agentpost.sagas WHERE id = NEW.id) THEN
             PERFORM agentpost._history_refuse('sagas_pkey',
                 format('Key (id)=(%s) already exists.', NEW.id), false);
@@ -1853,7 +1849,6 @@ BEGIN
                        NEW.workspace, NEW.saga_key), false);
         END IF;
     ELSIF TG_ARGV[0] = 'routes' THEN
-        PERFORM agentpost._history_key_lock('routes', NEW.id);
         IF EXISTS (SELECT 1 FROM agentpost.routes WHERE id = NEW.id) THEN
             PERFORM agentpost._history_refuse('routes_pkey',
                 format('Key (id)=(%s) already exists.', NEW.id), false);

@@ -156,6 +156,24 @@ def _waits(conn: Any) -> bool:
     return False
 
 
+def test_a_bulk_insert_is_checked_without_a_lock_per_row(desk: EnvelopeStore, pg: Any) -> None:
+    """The trigger looks and takes no lock: more routes than the server's lock table holds,
+    inserted by hand in one statement, go in (a lock per row, held to the commit, ran such
+    an insert out of shared memory), and a statement that repeats one of their ids is
+    refused whole."""
+    (table,) = rows(pg, "SELECT current_setting('max_locks_per_transaction')::int"
+                        " * (current_setting('max_connections')::int"
+                        " + current_setting('max_prepared_transactions')::int)")[0]
+    many = 3 * table  # the table has slack: 15,000 ran a 6,400-lock table out here
+    bulk = ("INSERT INTO agentpost.routes (id, root_id, actors, current, envelope_id)"
+            " SELECT 'bulk-' || g, 'bulk-' || g, ARRAY['prep'], 0, 'bulk-' || g"
+            " FROM generate_series(%s, %s) g")
+    rows(pg, bulk, (1, many))
+    assert rows(pg, "SELECT count(*) FROM agentpost.routes")[0][0] == many
+    assert _refused(pg, psycopg2.errors.UniqueViolation, bulk, (many, many + 100)) == "routes_pkey"
+    assert rows(pg, "SELECT count(*) FROM agentpost.routes")[0][0] == many
+
+
 def test_the_references_among_them_hold_without_foreign_keys(desk: EnvelopeStore,
                                                              pg: Any) -> None:
     """A recovery names a command that exists, a step its saga (and is written into the
