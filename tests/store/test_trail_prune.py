@@ -274,6 +274,48 @@ def test_a_prune_cut_short_after_moving_rows_kept_goes_on_when_run_again(
     assert result.ok and result.rows_unaccounted == ()
 
 
+def test_a_row_entering_the_month_while_rows_kept_move_refuses_the_drop(
+        backlog: tuple, pg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The envelope months are counted beside the agents, not under the drop's lock: a row
+    put into the month by hand once the rows kept have moved makes that count differ from
+    what the months held less what moved, and the prune stops before the lock, dropping
+    nothing. Without the hand row, the same prune drops the month."""
+    from agentpost.store import envelope_archive
+
+    store, cut, envelopes = backlog
+    archive(store, str(tmp_path), cut)
+    month = partition(old_month(), "envelopes")
+    real_move = envelope_archive._move_kept
+
+    def move_then_forge(cur: Any, params: dict) -> Any:
+        moved = real_move(cur, params)
+        columns = [c for (c,) in rows(
+            pg, "SELECT quote_ident(attname) FROM pg_attribute WHERE attrelid ="
+                " 'agentpost.envelopes'::regclass AND attnum > 0 AND NOT attisdropped"
+                " AND attgenerated = '' ORDER BY attnum")]
+        forged = {"id": "'forged-row'", "part_day": f"'{old_month():%Y-%m-%d}'::date"}
+        values = [forged.get(c, c) for c in columns]
+        rows(pg, f"INSERT INTO agentpost.envelopes ({', '.join(columns)})"
+                 f" SELECT {', '.join(values)} FROM agentpost.envelopes LIMIT 1")
+        return moved
+
+    monkeypatch.setattr(envelope_archive, "_move_kept", move_then_forge)
+    with pytest.raises(InvalidInput, match=r"changed under the prune \(\d+ rows left, \d+ "
+                                           r"expected\): nothing dropped"):
+        prune(store, str(tmp_path), cut)
+    moved = count(pg, "envelopes_kept")
+    assert exists(pg, month) and count(pg, month) + moved == envelopes + 1
+    assert rows(pg, "SELECT count(*) FROM agentpost.trail WHERE event = 'rows_pruned'"
+                    " AND record::jsonb -> 'body' ->> 'kind' = 'envelope'") == [(0,)]
+    rows(pg, "DELETE FROM agentpost.envelopes WHERE id = 'forged-row'")
+    monkeypatch.setattr(envelope_archive, "_move_kept", real_move)
+    again = prune(store, str(tmp_path), cut)
+    assert again.partitions == [month] and not exists(pg, month)
+    assert moved + again.envelopes_kept + again.envelopes == envelopes
+    result = store.verify_trail()
+    assert result.ok and result.rows_unaccounted == ()
+
+
 def test_after_a_prune_tampering_is_still_caught(aged: tuple, pg: Any,
                                                  tmp_path: Path) -> None:
     store, cut, _ = aged

@@ -165,7 +165,7 @@ class Dropped(NamedTuple):
     locked_s: float
 
 
-def drop(cur: Any, partitions: list[Partition]) -> Dropped:
+def drop(cur: Any, partitions: list[Partition], rows: int | None = None) -> Dropped:
     """Detach and drop `partitions`, all of one table, in the caller's transaction. It takes
     the table's ACCESS EXCLUSIVE lock before any other lock on the table itself (the months'
     SHARE locks below are on the months alone), waiting at most LOCK_TIMEOUT_MS: taken as an
@@ -178,20 +178,24 @@ def drop(cur: Any, partitions: list[Partition]) -> Dropped:
     lock, under SHARE locks on the months alone, which no agent's step conflicts with (an
     append only reads other months) and which hold the count until the drop: under the
     table's lock, every append waited for the count (0.1 s for a warm month of 2.5 million
-    entries; a cold one is read whole). The
-    envelopes' months, whose rows agents update (and an update by id locks every month),
-    are counted under the table's lock."""
+    entries; a cold one is read whole). The envelopes' months, whose rows agents update (an
+    update by id locks every month, so a SHARE lock on one would hold every agent's write),
+    are counted by the caller, beside the agents, and given as `rows`
+    (`envelope_archive.prune`: under the lock, a count held every agent's step for as long
+    as a month takes to read)."""
     names = [_ident(p.name) for p in partitions]
     parents = {n.rsplit("_", 1)[0] for n in names}
     if len(parents) > 1:
         raise ValueError(f"partitions of more than one table: {sorted(parents)}")
     parent = parents.pop() if parents else "trail"
+    if (rows is None) != (parent in APPEND_ONLY):
+        raise ValueError(f"the rows of {parent}'s months are counted "
+                         + ("here" if parent in APPEND_ONLY else "by the caller"))
     cur.execute(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}")
-    rows = _count(cur, names) if parent in APPEND_ONLY else 0
+    if rows is None:
+        rows = _count(cur, names)
     cur.execute(f"LOCK TABLE agentpost.{parent} IN ACCESS EXCLUSIVE MODE")
     locked = time.perf_counter()
-    if parent not in APPEND_ONLY:
-        rows = _count(cur, names)
     for name in names:
         cur.execute(f"ALTER TABLE agentpost.{parent} DETACH PARTITION agentpost.{name}")
         cur.execute(f"DROP TABLE agentpost.{name}")
@@ -199,8 +203,7 @@ def drop(cur: Any, partitions: list[Partition]) -> Dropped:
 
 
 def _count(cur: Any, names: list[str]) -> int:
-    """The rows of the partitions `names`, each locked SHARE first (a no-op under the
-    table's ACCESS EXCLUSIVE lock)."""
+    """The rows of the partitions `names`, each locked SHARE first (held until the drop)."""
     rows = 0
     for name in names:
         cur.execute(f"LOCK TABLE agentpost.{name} IN SHARE MODE")
