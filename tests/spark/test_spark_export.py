@@ -126,9 +126,11 @@ def test_after_a_prune_the_jobs_read_archive_plus_live_and_the_audit_passes(
     """Issue 26: once `agentpost trail prune` dropped a month, the jobs read its entries from
     the archive and the rest from Postgres, each once (the entries kept in Postgres are read
     from the archive), and the Spark audit verifies every chain across the cut; the envelope
-    rows the prune dropped are read from the archive too, so every row the entries name is
-    found and checked."""
+    and route rows the prune dropped are read from the archive too, so every row the entries
+    name is found and checked."""
+    from agentpost.protocol.routes import HAPPY_END
     from agentpost.spark.audit import run_audit
+    from agentpost.store.routes import RouteStore
     from agentpost.store.trail_archive import archive as take_archive
     from agentpost.store.trail_archive import prune
     from test_trail_anchor import build
@@ -140,6 +142,13 @@ def test_after_a_prune_the_jobs_read_archive_plus_live_and_the_audit_passes(
             store.send("coord", "w1", "directive", f"step {n}")
         for lease in store.lease("w1", max=5):
             store.ack(lease.token)
+        routes = RouteStore(store)  # routes run to their end: the first one's row leaves
+        routes.setup(["a"])  # (the last one's entries are their chains' heads: it stays)
+        for rid in ("r-old", "r-last"):
+            routes.start({"id": rid, "route": {"actors": ["a"]}, "payload": {}})
+            (hop,) = routes.receive("a")
+            routes.complete("a", hop.lease, hop.envelope, {"done": True})
+            routes.finish_many(routes.receive(HAPPY_END))
         month = old_month()
         age(pg, month)
         cut = month.replace(month=month.month % 12 + 1, year=month.year + month.month // 12)
@@ -152,14 +161,18 @@ def test_after_a_prune_the_jobs_read_archive_plus_live_and_the_audit_passes(
         pruned = prune(store, str(tmp_path), cut)
         key = store.settings.trail_key
     assert pruned.dropped > 0 and pruned.kept > 0 and pruned.envelopes > 0
+    assert pruned.routes == 1 and not rows(pg, "SELECT 1 FROM agentpost.routes WHERE id ="
+                                           " 'r-old'")
     settings = SparkSettings(dsn=dsn, archive=str(tmp_path), trail_key=key)
     with Snapshot(spark, settings) as snap:
         read = _rows(snap.trail())
         assert [r for r in read if r[3] != "rows_pruned"] == everything
-        assert snap.trail_count() == len(everything) + 1  # and the prune's rows_pruned
+        assert snap.trail_count() == len(everything) + 2  # and the prune's two rows_pruned
     report = run_audit(spark, settings)
     assert report.ok, {n: c.first for n, c in report.checks.items() if c.failed}
     live = rows(pg, "SELECT count(*) FROM agentpost.envelopes")[0][0]
     assert report.checks["envelope_rows"].checked == live + pruned.envelopes
+    assert report.checks["route_rows"].checked == 1 + rows(
+        pg, "SELECT count(*) FROM agentpost.routes")[0][0]
     # without the archive, the audit sees chains that start past seq 1 and fails
     assert not run_audit(spark, SparkSettings(dsn=dsn, trail_key=key)).ok

@@ -46,10 +46,10 @@ def partition(day: date, table: str = "trail") -> str:
 
 
 def age(conn: Any, month: date) -> int:
-    """Every entry so far, and every signal and envelope, moved into `month`'s partition
+    """Every entry so far, and every signal, envelope and route, moved into `month`'s partition
     (made for it); how many entries."""
     rows(conn, "SELECT agentpost.trail_ensure_partitions(2, %s)", (month,))
-    for table in ("trail", "signals", "envelopes"):
+    for table in ("trail", "signals", "envelopes", "routes"):
         rows(conn, f"UPDATE agentpost.{table} SET part_day = %s WHERE part_day >= '1900-01-02'",
              (month + timedelta(days=14),))
     return count(conn, partition(month))
@@ -81,11 +81,12 @@ def test_archive_then_prune_and_the_trail_still_verifies(aged: tuple, pg: Any,
                                                         tmp_path: Path) -> None:
     store, cut, entries = aged
     month, envelope_month = partition(old_month()), partition(old_month(), "envelopes")
+    route_month = partition(old_month(), "routes")
     signals = count(pg, partition(old_month(), "signals"))
     envelopes = count(pg, envelope_month)
     assert store.verify_trail().ok
     done = archive(store, str(tmp_path), cut)
-    assert done.partitions == [month, envelope_month] and done.entries == entries
+    assert done.partitions == [month, envelope_month, route_month] and done.entries == entries
     manifest = json.loads((tmp_path / MANIFEST).read_text())
     assert manifest["version"] == 2 and manifest["cuts"][0]["cut"] == cut.isoformat()
     archived = pq.read_table(str(tmp_path / done.batch)).num_rows
@@ -104,7 +105,7 @@ def test_archive_then_prune_and_the_trail_still_verifies(aged: tuple, pg: Any,
     chains = rows(pg, "SELECT count(DISTINCT chain) FROM agentpost.trail")[0][0]
 
     pruned = prune(store, str(tmp_path), cut)
-    assert pruned.partitions == [month, envelope_month] and not exists(pg, month)
+    assert pruned.partitions == [month, envelope_month, route_month] and not exists(pg, month)
     assert pruned.dropped + pruned.kept == entries and 0 < pruned.kept < entries
     # the envelopes' month went too; the rows still named (the one consumed after the cut,
     # those a chain's kept head names) stay, with their whole history
@@ -201,10 +202,10 @@ def test_a_backlog_kept_moves_a_batch_at_a_time_beside_agents_at_work(
     lock, while an agent leases and acks that very backlog: none of its steps fails, every
     row of the month is dropped or kept, and the rows dropped are the ones the signed
     `rows_pruned` entry accounts for (a run since the cut finds nothing unaccounted)."""
-    from agentpost.store import envelope_archive
+    from agentpost.store import month_rows
 
     store, cut, envelopes = backlog
-    monkeypatch.setattr(envelope_archive, "MOVE_BATCH", 3)
+    monkeypatch.setattr(month_rows, "MOVE_BATCH", 3)
     archive(store, str(tmp_path), cut)
     stop, started = threading.Event(), threading.Barrier(2)
     errors: list[BaseException] = []
@@ -248,10 +249,10 @@ def test_a_prune_cut_short_after_moving_rows_kept_goes_on_when_run_again(
     the rest and accounts for exactly the rows that left."""
     import psycopg2
 
-    from agentpost.store import envelope_archive, trail_partitions
+    from agentpost.store import month_rows, trail_partitions
 
     store, cut, envelopes = backlog
-    monkeypatch.setattr(envelope_archive, "MOVE_BATCH", 4)
+    monkeypatch.setattr(month_rows, "MOVE_BATCH", 4)
     monkeypatch.setattr(trail_partitions, "LOCK_TIMEOUT_MS", 300)
     archive(store, str(tmp_path), cut)
     holder = psycopg2.connect(dsn)
@@ -268,7 +269,8 @@ def test_a_prune_cut_short_after_moving_rows_kept_goes_on_when_run_again(
     assert count(pg, month) + moved == envelopes
     assert store.verify_trail().ok
     again = prune(store, str(tmp_path), cut)
-    assert again.partitions == [month] and not exists(pg, month)
+    assert again.partitions == [month, partition(old_month(), "routes")]
+    assert not exists(pg, month)
     assert moved + again.envelopes_kept + again.envelopes == envelopes
     result = store.verify_trail()
     assert result.ok and result.rows_unaccounted == ()
@@ -280,15 +282,15 @@ def test_a_row_entering_the_month_while_rows_kept_move_refuses_the_drop(
     put into the month by hand once the rows kept have moved makes that count differ from
     what the months held less what moved, and the prune stops before the lock, dropping
     nothing. Without the hand row, the same prune drops the month."""
-    from agentpost.store import envelope_archive
+    from agentpost.store import month_rows
 
     store, cut, envelopes = backlog
     archive(store, str(tmp_path), cut)
     month = partition(old_month(), "envelopes")
-    real_move = envelope_archive._move_kept
+    real_move = month_rows._move_kept
 
-    def move_then_forge(cur: Any, params: dict) -> Any:
-        moved = real_move(cur, params)
+    def move_then_forge(cur: Any, table: Any, params: dict) -> Any:
+        moved = real_move(cur, table, params)
         columns = [c for (c,) in rows(
             pg, "SELECT quote_ident(attname) FROM pg_attribute WHERE attrelid ="
                 " 'agentpost.envelopes'::regclass AND attnum > 0 AND NOT attisdropped"
@@ -299,18 +301,19 @@ def test_a_row_entering_the_month_while_rows_kept_move_refuses_the_drop(
                  f" SELECT {', '.join(values)} FROM agentpost.envelopes LIMIT 1")
         return moved
 
-    monkeypatch.setattr(envelope_archive, "_move_kept", move_then_forge)
-    with pytest.raises(InvalidInput, match=r"changed under the prune \(\d+ rows left, \d+ "
-                                           r"expected\): nothing dropped"):
+    monkeypatch.setattr(month_rows, "_move_kept", move_then_forge)
+    with pytest.raises(InvalidInput, match=r"envelopes months changed under the prune "
+                                           r"\(\d+ rows left, \d+ expected\): nothing dropped"):
         prune(store, str(tmp_path), cut)
     moved = count(pg, "envelopes_kept")
     assert exists(pg, month) and count(pg, month) + moved == envelopes + 1
     assert rows(pg, "SELECT count(*) FROM agentpost.trail WHERE event = 'rows_pruned'"
                     " AND record::jsonb -> 'body' ->> 'kind' = 'envelope'") == [(0,)]
     rows(pg, "DELETE FROM agentpost.envelopes WHERE id = 'forged-row'")
-    monkeypatch.setattr(envelope_archive, "_move_kept", real_move)
+    monkeypatch.setattr(month_rows, "_move_kept", real_move)
     again = prune(store, str(tmp_path), cut)
-    assert again.partitions == [month] and not exists(pg, month)
+    assert again.partitions == [month, partition(old_month(), "routes")]
+    assert not exists(pg, month)
     assert moved + again.envelopes_kept + again.envelopes == envelopes
     result = store.verify_trail()
     assert result.ok and result.rows_unaccounted == ()
@@ -377,7 +380,8 @@ def test_a_prune_cut_short_before_the_envelopes_goes_on_when_run_again(
     assert not exists(pg, partition(old_month())) and exists(pg, envelopes)
     assert store.verify_trail().ok
     again = prune(store, str(tmp_path), cut)
-    assert again.partitions == [envelopes] and again.dropped == 0 and again.envelopes > 0
+    assert again.partitions == [envelopes, partition(old_month(), "routes")]
+    assert again.dropped == 0 and again.envelopes > 0
     assert not exists(pg, envelopes)
     result = store.verify_trail()
     assert result.ok and result.rows_unaccounted == ()
@@ -546,6 +550,7 @@ def test_cli_trail_archive_and_prune(aged: tuple, dsn: str, tmp_path: Path) -> N
     assert pruned.code == 0, pruned.err
     assert "entries dropped" in pruned.out and "kept" in pruned.out
     assert re.search(r"[1-9]\d* envelope rows dropped, [1-9]\d* kept", pruned.out), pruned.out
+    assert re.search(r"\d+ route rows dropped, \d+ kept", pruned.out), pruned.out
     verified = agentpost(dsn, "verify")
     assert verified.code == 0 and "since the checkpoint" in verified.out
 
@@ -573,7 +578,8 @@ def test_a_store_upgraded_to_the_partitioned_trail_keeps_verifying_and_prunes_it
         assert migrate(empty_dsn) == ["0086_trail_partitions.sql", "0087_signals_partitions.sql",
                                       "0088_envelopes_partitions.sql",
                                       "0089_empty_legacy_partitions.sql",
-                                      "0090_history_partitions.sql"]
+                                      "0090_history_partitions.sql",
+                                      "0091_route_prunes.sql"]
         legacy = count(conn, "trail_legacy")
         envelopes = count(conn, "envelopes_legacy")
         assert envelopes == count(conn, "envelopes") > 0

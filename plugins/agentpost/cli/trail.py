@@ -181,7 +181,8 @@ def cmd_archive(args: argparse.Namespace) -> int:
     since = None if args.since is None else read_checkpoint(args.since)
     with open_store(args) as store:
         done = archive(store, args.archive, args.before, since=since)
-    print(f"archived {done.entries:,} entries and {done.envelopes:,} envelope rows to "
+    print(f"archived {done.entries:,} entries, {done.envelopes:,} envelope rows and "
+          f"{done.routes:,} route rows to "
           f"{args.archive}{'' if done.batch is None else '/' + done.batch}; the cut at "
           f"{done.cut} covers "
           f"{', '.join(done.partitions)}; its verified checkpoint: {done.checkpoint}")
@@ -195,5 +196,6 @@ def cmd_prune(args: argparse.Namespace) -> int:
         done = prune(store, args.archive, args.before)
     print(f"pruned {', '.join(done.partitions)}: {done.dropped:,} entries dropped, "
           f"{done.kept:,} kept (chain heads and what open rows still need); "
-          f"{done.envelopes:,} envelope rows dropped, {done.envelopes_kept:,} kept")
+          f"{done.envelopes:,} envelope rows dropped, {done.envelopes_kept:,} kept; "
+          f"{done.routes:,} route rows dropped, {done.routes_kept:,} kept")
     return 0

@@ -1,5 +1,5 @@
 """The trail's Parquet export read by the Spark jobs (the manifest: `store.trail_export`), and
-the envelope rows its cuts copied before a prune dropped them (`store.envelope_archive`)."""
+the envelope and route rows its cuts copied before a prune dropped them (`store.month_rows`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from agentpost.store.trail_export import MANIFEST, Batch, Export, load
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["MANIFEST", "Batch", "Export", "envelopes", "load", "read"]
+__all__ = ["MANIFEST", "Batch", "Export", "load", "read", "with_archived"]
 
 
 def read(export: Export, spark: SparkSession) -> DataFrame:
@@ -24,13 +24,16 @@ def read(export: Export, spark: SparkSession) -> DataFrame:
     return out
 
 
-def envelopes(export: Export, spark: SparkSession, live: DataFrame) -> DataFrame:
-    """`live` (the envelope rows in Postgres: the audit's columns) and, for every id not
-    among them, its row from the newest cut that copied it: the rows a prune dropped."""
-    cuts = sorted((c for c in export.cuts if c.envelopes), key=lambda c: c.cut, reverse=True)
+def with_archived(export: Export, spark: SparkSession, live: DataFrame,
+                  table: str) -> DataFrame:
+    """`live` (the rows of `table`, envelopes or routes, in Postgres: the audit's columns)
+    and, for every id not among them, its row from the newest cut that copied it: the rows
+    a prune dropped."""
+    cuts = sorted((c for c in export.cuts if getattr(c, table)), key=lambda c: c.cut,
+                  reverse=True)
     out = live
     for cut in cuts:
-        path = str(Path(export.path) / cut.envelopes)
+        path = str(Path(export.path) / getattr(cut, table))
         old = spark.read.parquet(path).select(*live.columns)
         out = out.unionByName(old.join(out.select("id"), "id", "left_anti"))
     return out

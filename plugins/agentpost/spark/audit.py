@@ -131,14 +131,15 @@ def run_audit(spark: SparkSession, settings: SparkSettings, *,
     with Snapshot(spark, settings) as snap:
         trail = prepare(snap.trail(), settings.key).persist(StorageLevel.MEMORY_AND_DISK)
         envelopes = snap.table(_ENVELOPES, partition_column="seq")
-        if settings.archive:  # with the rows a prune dropped, from the archive
-            envelopes = archive.envelopes(archive.load(settings.archive), spark, envelopes)
+        exported = archive.load(settings.archive) if settings.archive else None
+        if exported is not None:  # with the rows a prune dropped, from the archive
+            envelopes = archive.with_archived(exported, spark, envelopes, "envelopes")
         envelopes = envelopes.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             entries = trail.count()
             envelopes.count()
             with sized_shuffles(spark, entries, settings, hash_joins=True):
-                checks = _run_checks(trail, envelopes, snap, entries, first)
+                checks = _run_checks(trail, envelopes, snap, exported, entries, first)
                 checks["checkpoint_anchors"] = _anchors(spark, trail, loaded, first)
         finally:
             trail.unpersist()
@@ -149,7 +150,8 @@ def run_audit(spark: SparkSession, settings: SparkSettings, *,
                        taken_at=taken_at, entries=entries, checks=ordered)
 
 
-def _run_checks(trail: DataFrame, envelopes: DataFrame, snap: Snapshot, entries: int,
+def _run_checks(trail: DataFrame, envelopes: DataFrame, snap: Snapshot,
+                exported: archive.Export | None, entries: int,
                 first: int) -> dict[str, CheckResult]:
     from pyspark import StorageLevel
 
@@ -157,6 +159,8 @@ def _run_checks(trail: DataFrame, envelopes: DataFrame, snap: Snapshot, entries:
 
     commands = snap.table(_COMMANDS)
     routes = snap.table(_ROUTES)
+    if exported is not None:
+        routes = archive.with_archived(exported, snap.spark, routes, "routes")
     present = _present(envelopes, commands, routes, snap.table(_OTHER_ROWS))
     # aggregates two checks or a check's two counts read: kept, so each is computed once
     # (their plans are pruned differently per use, so Spark would not reuse the shuffles)

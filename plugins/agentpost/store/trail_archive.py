@@ -6,14 +6,15 @@ other's proof (docs/operations.md, "Archive and prune").
 prune's, else whole) and keeps the checkpoint that run hands back, then copies every entry not
 yet exported up to the newest id of the partitions the cut lets go, into a batch of the export
 directory (`trail_export`: the layout and manifest the Spark jobs read), copies the envelope
-rows of those months (`envelope_archive.write`), and records the cut.
+and route rows of those months (`month_rows.write`), and records the cut.
 `prune(store, dir, cut)` refuses unless that cut is in the manifest, its checkpoint is signed
 with the trail key, every entry it would drop is in the archive as stored (id, hashes and
-MAC equal to the row's, the record hashing to the hash) and so is every envelope row that may
-leave (`envelope_archive.check`); then it keeps what later checks read
+MAC equal to the row's, the record hashing to the hash) and so is every envelope and route
+row that may leave (`month_rows.check`); then it keeps what later checks read
 (`trail_partitions.KEEP`), drops the trail's months and records the prune, drops the signals'
-months, and last the envelopes' (`envelope_archive.prune`). A prune cut short between those
-steps is run again: it goes on from where it stopped.
+months, and last the envelopes' and the routes' (`month_rows.prune`, with the rules of
+`envelope_archive` and `route_archive`). A prune cut short between those steps is run again:
+it goes on from where it stopped.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from pydantic import BaseModel, ConfigDict
 from agentpost.protocol.anchor import Checkpoint
 from agentpost.protocol.errors import InvalidAnchor, InvalidInput, StoreError
 from agentpost.protocol.trail import entry_hash
-from agentpost.store import envelope_archive, trail_export, trail_partitions
+from agentpost.store import month_rows, trail_export, trail_partitions
+from agentpost.store.envelope_archive import ENVELOPES
+from agentpost.store.route_archive import ROUTES
 from agentpost.store.trail_partitions import Partition
 
 if TYPE_CHECKING:
@@ -55,6 +58,7 @@ class ArchiveResult(BaseModel):
     batch: str | None
     checkpoint: str
     envelopes: int = 0  # the envelope rows copied
+    routes: int = 0  # the route rows copied
 
 
 class PruneResult(BaseModel):
@@ -70,6 +74,9 @@ class PruneResult(BaseModel):
     envelopes_locked_s: float = 0.0  # the longest the envelopes' lock was held at once
     envelopes_locked_total_s: float = 0.0  # all its holds together (a batch of rows kept each)
     trail_locked_s: float = 0.0  # how long the trail's lock was held (every append waits)
+    routes: int = 0  # the route rows dropped with the months
+    routes_kept: int = 0  # the route rows of those months that stay (routes_kept)
+    routes_locked_s: float = 0.0  # the longest the routes' lock was held at once
 
 
 def due(store: EnvelopeStore, cut: date) -> list[str]:
@@ -98,20 +105,24 @@ def archive(store: EnvelopeStore, directory: str, cut: date, *,
         else None
     with store.db.cursor() as cur:
         envelope_parts = trail_partitions.droppable(cur, cut, "envelopes")
-    envelopes, envelope_rows = (envelope_archive.write(store, exported, cut) if envelope_parts
-                                else (None, 0))
+        route_parts = trail_partitions.droppable(cur, cut, "routes")
+    envelopes, envelope_rows = (month_rows.write(store, ENVELOPES, exported, cut)
+                                if envelope_parts else (None, 0))
+    routes, route_rows = (month_rows.write(store, ROUTES, exported, cut) if route_parts
+                          else (None, 0))
+    copied = [p.name for p in parts + envelope_parts + route_parts]
     name = f"cut-{cut.isoformat()}.json"
     _write(Path(directory) / name, checkpoint.to_json())
     exported.cuts = [c for c in exported.cuts if c.cut != cut]
     exported.cuts.append(trail_export.Cut(
         cut=cut, checkpoint=name, upto_id=exported.upto_id,
-        partitions=[p.name for p in parts + envelope_parts], envelopes=envelopes,
-        envelope_rows=envelope_rows))
+        partitions=copied, envelopes=envelopes, envelope_rows=envelope_rows,
+        routes=routes, route_rows=route_rows))
     exported.save()
-    return ArchiveResult(cut=cut, partitions=[p.name for p in parts + envelope_parts],
+    return ArchiveResult(cut=cut, partitions=copied,
                          entries=0 if batch is None else batch.rows,
                          batch=None if batch is None else batch.dir, checkpoint=name,
-                         envelopes=envelope_rows)
+                         envelopes=envelope_rows, routes=route_rows)
 
 
 def prune(store: EnvelopeStore, directory: str, cut: date, *,
@@ -130,12 +141,14 @@ def prune(store: EnvelopeStore, directory: str, cut: date, *,
     # second prune finds them gone from the months and the rest still archived.
     # (a prune cut short is run again: the trail's months may be gone, the rest not yet)
     with store.db.cursor() as cur:
-        left = {t: trail_partitions.droppable(cur, cut, t) for t in ("trail", "envelopes")}
+        left = {t: trail_partitions.droppable(cur, cut, t)
+                for t in ("trail", "envelopes", "routes")}
     if not any(left.values()):
         raise InvalidInput(f"no partition of the trail is wholly older than {cut}: "
                            "nothing to prune")
     names = [p.name for p in left["trail"]]
-    envelope_archive.check(store, exported, cut, taken.envelopes, left["trail"])
+    month_rows.check(store, ENVELOPES, exported, cut, taken.envelopes, left["trail"])
+    month_rows.check(store, ROUTES, exported, cut, taken.routes, left["trail"])
     dropped = kept = 0
     trail_locked_s = 0.0
     if left["trail"]:
@@ -145,15 +158,19 @@ def prune(store: EnvelopeStore, directory: str, cut: date, *,
     with _busy("signals"), store.db.transaction() as conn, conn.cursor() as cur:
         signals = trail_partitions.drop(
             cur, trail_partitions.droppable(cur, cut, "signals")).rows
-    # and the envelopes' rows that nothing left in Postgres names
+    # and the envelopes' and the routes' rows that nothing left in Postgres needs
     with _busy("envelopes"):
-        envelopes = envelope_archive.prune(store, cut)
-    return PruneResult(cut=cut, partitions=names + [p.name for p in left["envelopes"]],
+        envelopes = month_rows.prune(store, ENVELOPES, cut)
+    with _busy("routes"):
+        routes = month_rows.prune(store, ROUTES, cut)
+    return PruneResult(cut=cut, partitions=names + [p.name for p in left["envelopes"]
+                                                    + left["routes"]],
                        dropped=dropped, kept=kept, signals=signals,
                        envelopes=envelopes.dropped, envelopes_kept=envelopes.kept,
                        envelopes_locked_s=envelopes.locked_s,
                        envelopes_locked_total_s=envelopes.locked_total_s,
-                       trail_locked_s=trail_locked_s)
+                       trail_locked_s=trail_locked_s, routes=routes.dropped,
+                       routes_kept=routes.kept, routes_locked_s=routes.locked_s)
 
 
 def _prune_trail(store: EnvelopeStore, exported: trail_export.Export, parts: list[Partition],

@@ -76,6 +76,9 @@ class Cut(BaseModel):
     #: or with no envelope month to drop)
     envelopes: str | None = Field(default=None, pattern=r"^envelopes-\d{4}-\d{2}-\d{2}$")
     envelope_rows: int = Field(default=0, ge=0)
+    #: the same for the route rows of its months (`store.route_archive`)
+    routes: str | None = Field(default=None, pattern=r"^routes-\d{4}-\d{2}-\d{2}$")
+    route_rows: int = Field(default=0, ge=0)
 
 
 class Export(BaseModel):

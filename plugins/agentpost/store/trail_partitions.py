@@ -1,14 +1,14 @@
-"""The partitions of the trail, the signals and the envelopes (sql/0086 to 0088): which months
-a cut lets go, and the prune that drops them.
+"""The partitions of the trail, the signals, the envelopes and the routes (sql/0086 to 0090):
+which months a cut lets go, and the prune that drops them.
 
 A month's partition can go once every row in it is older than the cut: a `trail_pYYYYMM` (or
-`signals_pYYYYMM`, `envelopes_pYYYYMM`) whose month ends by the cut, and `trail_legacy`
-(`signals_legacy`, `envelopes_legacy`: the rows written before partitioning) once its newest
-row is older. Dropping the trail's keeps, in `trail_kept`, every entry of it that a
+`signals_pYYYYMM`, `envelopes_pYYYYMM`, `routes_pYYYYMM`) whose month ends by the cut, and
+`trail_legacy` (or the others': the rows written before partitioning) once its newest row is
+older. Dropping the trail's keeps, in `trail_kept`, every entry of it that a
 verification or a row check will still read (`KEEP`), so the chains go on from their heads and
 the rows still open keep their history. A signal needs nothing kept: its `signal_emitted`
-entry says the same, and is archived. The envelopes' rows that stay are kept by
-`envelope_archive`.
+entry says the same, and is archived. The envelopes' and routes' rows that stay are kept by
+`month_rows`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ __all__ = ["Dropped", "Partition", "drop", "droppable", "ensure_partitions", "ke
 
 #: the partitioned history tables, each with `<table>_pYYYYMM` months and `<table>_legacy`,
 #: and the column that says how old a row is
-TABLES = {"trail": "at", "signals": "at", "envelopes": "created_at"}
+TABLES = {"trail": "at", "signals": "at", "envelopes": "created_at", "routes": "updated_at"}
 #: the tables whose rows no statement of the store updates or deletes (but the prune's own)
 APPEND_ONLY = frozenset({"trail", "signals"})
 #: how long a prune waits for the trail's lock before it gives up (agents keep writing)
@@ -85,7 +85,7 @@ def _month_end(name: str) -> date:
 
 
 def _sized(cur: Any, name: str) -> Partition:
-    if name.startswith("envelopes_"):  # ids are text: no range
+    if name.startswith(("envelopes_", "routes_")):  # ids are text: no range
         cur.execute(f"SELECT count(*), NULL, NULL FROM agentpost.{_ident(name)}")
     else:
         cur.execute(f"SELECT count(*), min(id), max(id) FROM agentpost.{_ident(name)}")
@@ -181,7 +181,7 @@ def drop(cur: Any, partitions: list[Partition], rows: int | None = None) -> Drop
     entries; a cold one is read whole). The envelopes' months, whose rows agents update (an
     update by id locks every month, so a SHARE lock on one would hold every agent's write),
     are counted by the caller, beside the agents, and given as `rows`
-    (`envelope_archive.prune`: under the lock, a count held every agent's step for as long
+    (`month_rows.prune`: under the lock, a count held every agent's step for as long
     as a month takes to read)."""
     names = [_ident(p.name) for p in partitions]
     parents = {n.rsplit("_", 1)[0] for n in names}
