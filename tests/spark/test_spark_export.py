@@ -126,11 +126,13 @@ def test_after_a_prune_the_jobs_read_archive_plus_live_and_the_audit_passes(
     """Issue 26: once `agentpost trail prune` dropped a month, the jobs read its entries from
     the archive and the rest from Postgres, each once (the entries kept in Postgres are read
     from the archive), and the Spark audit verifies every chain across the cut; the envelope
-    and route rows the prune dropped are read from the archive too, so every row the entries
-    name is found and checked."""
+    route, command, saga and saga step rows the prune dropped are read from the archive too, so
+    every row the entries name is found and checked."""
     from agentpost.protocol.routes import HAPPY_END
     from agentpost.spark.audit import run_audit
+    from agentpost.store.commands import CommandLedger
     from agentpost.store.routes import RouteStore
+    from agentpost.store.sagas import SagaRunner
     from agentpost.store.trail_archive import archive as take_archive
     from agentpost.store.trail_archive import prune
     from test_trail_anchor import build
@@ -142,6 +144,13 @@ def test_after_a_prune_the_jobs_read_archive_plus_live_and_the_audit_passes(
             store.send("coord", "w1", "directive", f"step {n}")
         for lease in store.lease("w1", max=5):
             store.ack(lease.token)
+        store.register_type("book", ["worker"], ["worker"])
+        with CommandLedger(store) as ledger:  # a command and a saga over: they leave too
+            ledger.run("w1", "old-command", lambda: {"ok": 1}, action="book",
+                       mutating=True, auto_confirm="low-risk")
+            saga = SagaRunner(ledger, {}).begin("w1", "old-saga")
+            saga.step("only", lambda: {"ok": 2}, action="book", auto_confirm="policy")
+            saga.complete()
         routes = RouteStore(store)  # routes run to their end: the first one's row leaves
         routes.setup(["a"])  # (the last one's entries are their chains' heads: it stays)
         for rid in ("r-old", "r-last"):
@@ -163,11 +172,13 @@ def test_after_a_prune_the_jobs_read_archive_plus_live_and_the_audit_passes(
     assert pruned.dropped > 0 and pruned.kept > 0 and pruned.envelopes > 0
     assert pruned.routes == 1 and not rows(pg, "SELECT 1 FROM agentpost.routes WHERE id ="
                                            " 'r-old'")
+    assert (pruned.commands, pruned.sagas, pruned.saga_steps) == (2, 1, 1)
     settings = SparkSettings(dsn=dsn, archive=str(tmp_path), trail_key=key)
     with Snapshot(spark, settings) as snap:
         read = _rows(snap.trail())
-        assert [r for r in read if r[3] != "rows_pruned"] == everything
-        assert snap.trail_count() == len(everything) + 2  # and the prune's two rows_pruned
+        assert [r for r in read if r[3] not in ("rows_pruned", "chains_pruned")] == everything
+        # and the prune's entries: rows_pruned for each of five tables, chains_pruned
+        assert snap.trail_count() == len(everything) + 6
     report = run_audit(spark, settings)
     assert report.ok, {n: c.first for n, c in report.checks.items() if c.failed}
     live = rows(pg, "SELECT count(*) FROM agentpost.envelopes")[0][0]

@@ -244,7 +244,8 @@ def test_a_store_upgraded_keeps_its_commands_sagas_and_routes(empty_dsn: str,
             RouteStore(old).setup(ACTORS)
             RouteStore(old).start({"id": "r-1", "route": {"actors": ACTORS, "current": 0},
                                    "payload": {}})
-        assert migrate(empty_dsn) == ["0090_history_partitions.sql", "0091_route_prunes.sql"]
+        assert migrate(empty_dsn) == ["0090_history_partitions.sql", "0091_route_prunes.sql",
+                                      "0092_pruned_chains.sql"]
         for table, held in zip(TABLES, (1, 1, 1, 1), strict=True):
             assert rows(conn, f"SELECT count(*) FROM agentpost.{table}_legacy")[0][0] == held
         with EnvelopeStore(empty_dsn) as store:

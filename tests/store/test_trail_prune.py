@@ -45,11 +45,21 @@ def partition(day: date, table: str = "trail") -> str:
     return f"{table}_p{day:%Y%m}"
 
 
+#: the tables whose months leave with the trail's, in the order a prune names them (sagas
+#: before their steps: a step's month is its saga's)
+ROWS = ("envelopes", "routes", "sagas", "saga_steps", "commands")
+
+
+def months(day: date, tables: tuple[str, ...] = ROWS) -> list[str]:
+    """The partitions of `tables` for the month of `day`."""
+    return [partition(day, t) for t in tables]
+
+
 def age(conn: Any, month: date) -> int:
     """Every entry so far, and every signal, envelope and route, moved into `month`'s partition
     (made for it); how many entries."""
     rows(conn, "SELECT agentpost.trail_ensure_partitions(2, %s)", (month,))
-    for table in ("trail", "signals", "envelopes", "routes"):
+    for table in ("trail", "signals", *ROWS):
         rows(conn, f"UPDATE agentpost.{table} SET part_day = %s WHERE part_day >= '1900-01-02'",
              (month + timedelta(days=14),))
     return count(conn, partition(month))
@@ -81,12 +91,11 @@ def test_archive_then_prune_and_the_trail_still_verifies(aged: tuple, pg: Any,
                                                         tmp_path: Path) -> None:
     store, cut, entries = aged
     month, envelope_month = partition(old_month()), partition(old_month(), "envelopes")
-    route_month = partition(old_month(), "routes")
     signals = count(pg, partition(old_month(), "signals"))
     envelopes = count(pg, envelope_month)
     assert store.verify_trail().ok
     done = archive(store, str(tmp_path), cut)
-    assert done.partitions == [month, envelope_month, route_month] and done.entries == entries
+    assert done.partitions == [month, *months(old_month())] and done.entries == entries
     manifest = json.loads((tmp_path / MANIFEST).read_text())
     assert manifest["version"] == 2 and manifest["cuts"][0]["cut"] == cut.isoformat()
     archived = pq.read_table(str(tmp_path / done.batch)).num_rows
@@ -105,7 +114,7 @@ def test_archive_then_prune_and_the_trail_still_verifies(aged: tuple, pg: Any,
     chains = rows(pg, "SELECT count(DISTINCT chain) FROM agentpost.trail")[0][0]
 
     pruned = prune(store, str(tmp_path), cut)
-    assert pruned.partitions == [month, envelope_month, route_month] and not exists(pg, month)
+    assert pruned.partitions == [month, *months(old_month())] and not exists(pg, month)
     assert pruned.dropped + pruned.kept == entries and 0 < pruned.kept < entries
     # the envelopes' month went too; the rows still named (the one consumed after the cut,
     # those a chain's kept head names) stay, with their whole history
@@ -269,7 +278,7 @@ def test_a_prune_cut_short_after_moving_rows_kept_goes_on_when_run_again(
     assert count(pg, month) + moved == envelopes
     assert store.verify_trail().ok
     again = prune(store, str(tmp_path), cut)
-    assert again.partitions == [month, partition(old_month(), "routes")]
+    assert again.partitions == months(old_month())
     assert not exists(pg, month)
     assert moved + again.envelopes_kept + again.envelopes == envelopes
     result = store.verify_trail()
@@ -312,7 +321,7 @@ def test_a_row_entering_the_month_while_rows_kept_move_refuses_the_drop(
     rows(pg, "DELETE FROM agentpost.envelopes WHERE id = 'forged-row'")
     monkeypatch.setattr(month_rows, "_move_kept", real_move)
     again = prune(store, str(tmp_path), cut)
-    assert again.partitions == [month, partition(old_month(), "routes")]
+    assert again.partitions == months(old_month())
     assert not exists(pg, month)
     assert moved + again.envelopes_kept + again.envelopes == envelopes
     result = store.verify_trail()
@@ -368,19 +377,20 @@ def test_a_prune_cut_short_before_the_envelopes_goes_on_when_run_again(
     """A prune that stopped after dropping the trail's month (a lost connection, say) leaves
     a store that verifies; run again, it drops the envelopes' month it had not reached."""
     from agentpost.store import trail_export, trail_partitions
-    from agentpost.store.trail_archive import _prune_trail
+    from agentpost.store.trail_archive import _plan, _prune_trail
 
     store, cut, _ = aged
     done = archive(store, str(tmp_path), cut)
     with store.db.cursor() as cur:
-        parts = trail_partitions.droppable(cur, cut)
-    _prune_trail(store, trail_export.load(str(tmp_path)), parts, cut,
-                 (tmp_path / done.checkpoint).read_text())
+        left = {t: trail_partitions.droppable(cur, cut, t) for t in ("trail", *ROWS)}
+    horizon = _plan(store, cut, left)
+    _prune_trail(store, trail_export.load(str(tmp_path)), left["trail"], cut,
+                 (tmp_path / done.checkpoint).read_text(), horizon)
     envelopes = partition(old_month(), "envelopes")
     assert not exists(pg, partition(old_month())) and exists(pg, envelopes)
     assert store.verify_trail().ok
     again = prune(store, str(tmp_path), cut)
-    assert again.partitions == [envelopes, partition(old_month(), "routes")]
+    assert again.partitions == months(old_month())
     assert again.dropped == 0 and again.envelopes > 0
     assert not exists(pg, envelopes)
     result = store.verify_trail()
@@ -579,7 +589,7 @@ def test_a_store_upgraded_to_the_partitioned_trail_keeps_verifying_and_prunes_it
                                       "0088_envelopes_partitions.sql",
                                       "0089_empty_legacy_partitions.sql",
                                       "0090_history_partitions.sql",
-                                      "0091_route_prunes.sql"]
+                                      "0091_route_prunes.sql", "0092_pruned_chains.sql"]
         legacy = count(conn, "trail_legacy")
         envelopes = count(conn, "envelopes_legacy")
         assert envelopes == count(conn, "envelopes") > 0

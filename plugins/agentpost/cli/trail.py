@@ -181,8 +181,9 @@ def cmd_archive(args: argparse.Namespace) -> int:
     since = None if args.since is None else read_checkpoint(args.since)
     with open_store(args) as store:
         done = archive(store, args.archive, args.before, since=since)
-    print(f"archived {done.entries:,} entries, {done.envelopes:,} envelope rows and "
-          f"{done.routes:,} route rows to "
+    print(f"archived {done.entries:,} entries, {done.envelopes:,} envelope rows, "
+          f"{done.routes:,} route rows, {done.commands:,} commands and {done.sagas:,} sagas"
+          " to "
           f"{args.archive}{'' if done.batch is None else '/' + done.batch}; the cut at "
           f"{done.cut} covers "
           f"{', '.join(done.partitions)}; its verified checkpoint: {done.checkpoint}")
@@ -197,5 +198,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     print(f"pruned {', '.join(done.partitions)}: {done.dropped:,} entries dropped, "
           f"{done.kept:,} kept (chain heads and what open rows still need); "
           f"{done.envelopes:,} envelope rows dropped, {done.envelopes_kept:,} kept; "
-          f"{done.routes:,} route rows dropped, {done.routes_kept:,} kept")
+          f"{done.routes:,} route rows dropped, {done.routes_kept:,} kept; "
+          f"{done.commands:,} commands, {done.sagas:,} sagas and {done.saga_steps:,} saga "
+          f"steps dropped, with {done.chains:,} chains of their own")
     return 0

@@ -161,15 +161,19 @@ def load(anchor: AnchorLike, key: bytes) -> Checkpoint:
     return Checkpoint.from_json(data).verify(key)
 
 
-def mismatches(checkpoint: Checkpoint,
-               found: Mapping[str, tuple[bytes | None, int]]) -> list[ChainMismatch]:
+def mismatches(checkpoint: Checkpoint, found: Mapping[str, tuple[bytes | None, int]],
+               pruned: Mapping[str, tuple[int, bytes]] | None = None) -> list[ChainMismatch]:
     """Every anchored chain that no longer holds its anchored head. `found` maps a chain to
     the hash of its entry at the anchored sequence number (None: no such entry) and its head
-    now (0: no entries); a chain missing from it has neither."""
+    now (0: no entries); a chain missing from it has neither. `pruned` maps a chain a
+    vouched-for prune dropped whole to its last (seq, hash): such a chain is gone by right
+    if it ended at or past its anchored head (at it, with the anchored hash)."""
     out = []
     when = f"the checkpoint of {checkpoint.taken_at}"
     for h in checkpoint.heads:
         digest, head = found.get(h.chain, (None, 0))
+        if head == 0 and _pruned_past(h, (pruned or {}).get(h.chain)):
+            continue
         if head == 0:
             problem = f"chain {h.chain} is gone: {when} has it at seq {h.seq}"
         elif head < h.seq:
@@ -184,6 +188,13 @@ def mismatches(checkpoint: Checkpoint,
             continue
         out.append(ChainMismatch(chain=h.chain, anchored_seq=h.seq, seq=head, problem=problem))
     return out
+
+
+def _pruned_past(head: ChainHead, last: tuple[int, bytes] | None) -> bool:
+    if last is None:
+        return False
+    seq, digest = last
+    return seq > head.seq or (seq == head.seq and hmac.compare_digest(digest, head.hash))
 
 
 def _refuse(why: str) -> NoReturn:

@@ -76,6 +76,18 @@ class RowDigest:
     def to_json(self) -> dict[str, int | str]:
         return {"count": self.count, "sum": f"{self.sum:016x}"}
 
+    @classmethod
+    def from_json(cls, body: object) -> RowDigest | None:
+        """The digest `to_json` wrote into `body`, else None (out of shape)."""
+        try:
+            count, total = body["count"], body["sum"]  # type: ignore[index]
+            if (isinstance(count, int) and count >= 0 and isinstance(total, str)
+                    and len(total) == 16):
+                return cls(count, int(total, 16))
+        except (ValueError, KeyError, TypeError):
+            pass
+        return None
+
 
 #: a digest per kind (every kind of `named_rows.KINDS`)
 RowDigests = Mapping[str, RowDigest]
@@ -87,10 +99,9 @@ def pruned(record: str) -> tuple[str, RowDigest] | None:
     edited one by its hash)."""
     try:
         body = json.loads(record).get("body")
-        kind, count, total = body["kind"], body["count"], body["sum"]
-        if (kind in KINDS and isinstance(count, int) and count >= 0
-                and isinstance(total, str) and len(total) == 16):
-            return kind, RowDigest(count, int(total, 16))
+        kind, digest = body["kind"], RowDigest.from_json(body)
+        if kind in KINDS and digest is not None:
+            return kind, digest
     except (ValueError, AttributeError, KeyError, TypeError):
         pass
     return None

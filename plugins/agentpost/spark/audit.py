@@ -159,9 +159,12 @@ def _run_checks(trail: DataFrame, envelopes: DataFrame, snap: Snapshot,
 
     commands = snap.table(_COMMANDS)
     routes = snap.table(_ROUTES)
-    if exported is not None:
+    others = snap.table(_OTHER_ROWS)
+    if exported is not None:  # with the rows a prune dropped, from the archive
+        commands = archive.with_archived(exported, snap.spark, commands, "commands")
         routes = archive.with_archived(exported, snap.spark, routes, "routes")
-    present = _present(envelopes, commands, routes, snap.table(_OTHER_ROWS))
+        others = _union([others, *archive.archived_keys(exported, snap.spark)])
+    present = _present(envelopes, commands, routes, others)
     # aggregates two checks or a check's two counts read: kept, so each is computed once
     # (their plans are pruned differently per use, so Spark would not reuse the shuffles)
     shared = [ac.outcomes(trail), ac.named_rows(trail)]

@@ -66,7 +66,7 @@ from agentpost.store import trail_export, trail_partitions
 if TYPE_CHECKING:
     from agentpost.store.envelopes import EnvelopeStore
 
-__all__ = ["OLD", "Pruned", "Rows", "archived", "check", "prune", "write"]
+__all__ = ["OLD", "Pruned", "Rows", "archived", "check", "horizon", "prune", "write"]
 
 #: the rows (alias x) of the partitions dropped (their oids); the part_day bounds skip the
 #: months kept
@@ -78,20 +78,21 @@ KEEP_TABLE = "agentpost_rows_keep"
 CHUNK = 20_000
 #: rows kept moved per transaction beside the agents (each such move holds their writes)
 MOVE_BATCH = 2_000
-#: a digest over a set of rows' ids, as the checkpoint's `row_digests` query computes it
+#: a digest over a set of rows' keys `{k}` (bytea), as the checkpoint's `row_digests` query
+#: computes it
 _DIGEST = ("SELECT count(*), coalesce(sum(('x' || encode(substr(sha256(%(opad)s || sha256("
-           "%(ipad)s || convert_to(x.id, 'UTF8'))), 1, 8), 'hex'))::bit(64)::bigint), 0)"
-           " FROM {rows} x")
+           "%(ipad)s || {k})), 1, 8), 'hex'))::bit(64)::bigint), 0) FROM {rows}")
 
 
 @dataclass(frozen=True)
 class Rows:
     """One table's months: what is archived of a row and which rows stay.
 
-    `columns` are the archive's columns, (name, pyarrow type name), the last `row`; `select`
-    reads them (alias x). `keep` are the statements that put the ids of the rows of the
-    months to keep into KEEP_TABLE (`{old}`: OLD; `{entries}`: the condition on the trail
-    `t` of the entries that stay); `again` the few that add what step 4 keeps beside them."""
+    `columns` are the archive's columns, (name, pyarrow type name), the first `id` (the
+    row's `key`), the last `row`; `select` reads them (alias x). `keep` are the statements
+    that put the keys of the rows of the months to keep into KEEP_TABLE (`{old}`: OLD;
+    `{entries}`: the condition on the trail `t` of the entries that stay); `again` the few
+    that add what step 4 keeps beside them."""
 
     table: str
     kind: str
@@ -101,9 +102,15 @@ class Rows:
     again: tuple[str, ...]
     #: the column of agentpost.trail_prunes that counts the rows dropped
     counted: str
+    #: a row's key, as text (what KEEP_TABLE holds), and as the row digest hashes it
+    key: str = "x.id"
+    digest_key: str = "convert_to(x.id, 'UTF8')"
+    #: the rules `check` keeps by, where they differ from `keep` (a plan not yet carried out)
+    keep_check: tuple[str, ...] = ()
 
-    def keeping(self, entries: str) -> tuple[str, ...]:
-        return tuple(s.format(old=OLD, entries=entries, keep=KEEP_TABLE) for s in self.keep)
+    def keeping(self, entries: str, *, checking: bool = False) -> tuple[str, ...]:
+        rules = self.keep_check if checking and self.keep_check else self.keep
+        return tuple(s.format(old=OLD, entries=entries, keep=KEEP_TABLE) for s in rules)
 
     def keeping_again(self) -> tuple[str, ...]:
         return tuple(s.format(old=OLD, entries="t.id > %(horizon)s", keep=KEEP_TABLE)
@@ -139,19 +146,20 @@ def _arrow_type(pa: Any, name: str) -> Any:
 
 
 def _chunks(store: EnvelopeStore, rows: Rows, cut: date) -> Iterator[list[tuple]]:
-    """The rows of the months `cut` lets go, in one snapshot, CHUNK at a time by id."""
+    """The rows of the months `cut` lets go, in one snapshot, CHUNK at a time (one pass of
+    a server-side cursor)."""
     with store.db.transaction() as conn, conn.cursor() as cur:
         cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         cur.execute("SET LOCAL TIME ZONE 'UTC'")  # the row's JSON the prune compares
-        params = {"cut": cut, "oids": _oids(cur, rows, cut), "after": ""}
+        params = {"cut": cut, "oids": _oids(cur, rows, cut)}
+        cur.execute(f"DECLARE agentpost_month_rows NO SCROLL CURSOR FOR {rows.select}"
+                    f" WHERE {OLD}", params)
         while True:
-            cur.execute(f"{rows.select} WHERE {OLD} AND x.id > %(after)s ORDER BY x.id"
-                        f" LIMIT {CHUNK}", params)
+            cur.execute(f"FETCH {CHUNK} FROM agentpost_month_rows")
             chunk = cur.fetchall()
             if not chunk:
                 return
             yield chunk
-            params["after"] = chunk[-1][0]
 
 
 def _oids(cur: Any, rows: Rows, cut: date) -> list[int]:
@@ -170,7 +178,8 @@ def check(store: EnvelopeStore, rows: Rows, exported: trail_export.Export, cut: 
         if not oids:
             return
         params = {"cut": cut, "oids": oids, "trail": trail_partitions.oids(cur, trail_parts)}
-        _keep(cur, rows.keeping("t.tableoid <> ALL (%(trail)s::oid[])"), params, fresh=True)
+        _keep(cur, rows.keeping("t.tableoid <> ALL (%(trail)s::oid[])", checking=True), params,
+              fresh=True)
         _check_archived(cur, rows, exported, directory, params)
 
 
@@ -194,7 +203,7 @@ def prune(store: EnvelopeStore, rows: Rows, cut: date) -> Pruned:
         if not parts:
             return Pruned()
         params = {"cut": cut, "oids": _oids(cur, rows, cut), "ipad": pads[0], "opad": pads[1],
-                  "horizon": _horizon(cur)}
+                  "horizon": horizon(cur)}
         _keep(cur, rows.keeping("t.id <= %(horizon)s"), params, fresh=True)
         everything = _digest(cur, rows, params)
         moved = _move_kept(cur, rows, params)
@@ -217,7 +226,7 @@ def _session(cur: Any) -> Iterator[None]:
         cur.execute("RESET TIME ZONE")
 
 
-def _horizon(cur: Any) -> int:
+def horizon(cur: Any) -> int:
     """The highest trail id given out, once every entry up to it has committed: an entry
     with a higher id commits later (an append takes its id inside its INSERT, which holds the
     trail's ROW EXCLUSIVE lock, so SHARE waits for the appends under way)."""
@@ -274,7 +283,7 @@ def _move_kept(cur: Any, rows: Rows, params: dict[str, Any]) -> _Moved:
             cur.execute(f"SET LOCAL lock_timeout = {trail_partitions.LOCK_TIMEOUT_MS}")
             cur.execute(f"LOCK TABLE agentpost.{rows.table} IN EXCLUSIVE MODE")
             locked = time.perf_counter()
-            batch = _move(cur, rows, "x.id = ANY (%(batch)s)",
+            batch = _move(cur, rows, f"{rows.key} = ANY (%(batch)s)",
                           {**params, "batch": ids[start:start + MOVE_BATCH]})
         except BaseException:
             cur.execute("ROLLBACK")
@@ -290,13 +299,15 @@ def _move(cur: Any, rows: Rows, which: str, params: dict[str, Any]) -> RowDigest
     <table>_kept, under a lock no agent's write holds beside (the module docstring); the
     digest of the rows moved."""
     cur.execute(f"WITH moved AS (UPDATE agentpost.{rows.table} x SET part_day = '-infinity'"
-                f" FROM {KEEP_TABLE} k WHERE k.id = x.id AND {which} AND {OLD}"
-                f" RETURNING x.id) " + _DIGEST.format(rows="moved"), params)
+                f" FROM {KEEP_TABLE} k WHERE k.id = {rows.key} AND {which} AND {OLD}"
+                f" RETURNING {rows.digest_key} AS k) " + _DIGEST.format(k="k", rows="moved"),
+                params)
     return _fetched(cur)
 
 
 def _digest(cur: Any, rows: Rows, params: dict[str, Any]) -> RowDigest:
-    cur.execute(_DIGEST.format(rows=f"agentpost.{rows.table}") + f" WHERE {OLD}", params)
+    cur.execute(_DIGEST.format(k=rows.digest_key, rows=f"agentpost.{rows.table} x")
+                + f" WHERE {OLD}", params)
     return _fetched(cur)
 
 
@@ -321,9 +332,9 @@ def _check_archived(cur: Any, rows: Rows, exported: trail_export.Export,
                 raise InvalidInput(f"the archive's {rows.table} under {directory} hold an id "
                                    f"twice ({str(exc).splitlines()[0]}): nothing pruned") from None
     cur.execute(f"SELECT count(*) FROM agentpost.{rows.table} x"
-                f" LEFT JOIN agentpost_rows_archived a ON a.id = x.id"
+                f" LEFT JOIN agentpost_rows_archived a ON a.id = {rows.key}"
                 f" WHERE {OLD} AND NOT EXISTS (SELECT 1 FROM {KEEP_TABLE} k"
-                f" WHERE k.id = x.id) AND (a.id IS NULL"
+                f" WHERE k.id = {rows.key}) AND (a.id IS NULL"
                 f" OR a.row IS DISTINCT FROM (to_jsonb(x) - 'part_day')::text)", params)
     missing = cur.fetchone()[0]
     if missing:

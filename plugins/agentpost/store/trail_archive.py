@@ -25,22 +25,27 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
 from agentpost.protocol.anchor import Checkpoint
+from agentpost.protocol.chains import SYSTEM_CHAIN
 from agentpost.protocol.errors import InvalidAnchor, InvalidInput, StoreError
 from agentpost.protocol.trail import entry_hash
-from agentpost.store import month_rows, trail_export, trail_partitions
+from agentpost.store import history_archive, month_rows, trail_export, trail_partitions
 from agentpost.store.envelope_archive import ENVELOPES
+from agentpost.store.history_archive import COMMANDS, SAGA_STEPS, SAGAS
 from agentpost.store.route_archive import ROUTES
 from agentpost.store.trail_partitions import Partition
 
 if TYPE_CHECKING:
     from agentpost.store.envelopes import EnvelopeStore
 
-__all__ = ["ArchiveResult", "PruneResult", "archive", "due", "prune"]
+__all__ = ["ROW_TABLES", "ArchiveResult", "PruneResult", "archive", "due", "prune"]
+
+#: the tables whose rows leave with the trail's months, each by its own rules
+ROW_TABLES = (ENVELOPES, ROUTES, SAGAS, SAGA_STEPS, COMMANDS)
 
 SELECT = trail_export.TRAIL_SELECT + " WHERE id BETWEEN %s AND %s ORDER BY id"
 #: ids read, and archived ids checked, per statement
@@ -59,6 +64,9 @@ class ArchiveResult(BaseModel):
     checkpoint: str
     envelopes: int = 0  # the envelope rows copied
     routes: int = 0  # the route rows copied
+    commands: int = 0  # the command rows copied
+    sagas: int = 0  # the saga rows copied
+    saga_steps: int = 0  # the saga step rows copied
 
 
 class PruneResult(BaseModel):
@@ -77,6 +85,10 @@ class PruneResult(BaseModel):
     routes: int = 0  # the route rows dropped with the months
     routes_kept: int = 0  # the route rows of those months that stay (routes_kept)
     routes_locked_s: float = 0.0  # the longest the routes' lock was held at once
+    chains: int = 0  # the commands' and sagas' chains dropped whole with the months
+    commands: int = 0  # the command rows dropped with the months
+    sagas: int = 0  # the saga rows dropped with the months
+    saga_steps: int = 0  # the saga step rows dropped with the months
 
 
 def due(store: EnvelopeStore, cut: date) -> list[str]:
@@ -103,26 +115,25 @@ def archive(store: EnvelopeStore, directory: str, cut: date, *,
     hi = max((p.max_id for p in parts if p.max_id is not None), default=0)
     batch = _copy(store, exported, exported.upto_id + 1, hi, cut) if hi > exported.upto_id \
         else None
-    with store.db.cursor() as cur:
-        envelope_parts = trail_partitions.droppable(cur, cut, "envelopes")
-        route_parts = trail_partitions.droppable(cur, cut, "routes")
-    envelopes, envelope_rows = (month_rows.write(store, ENVELOPES, exported, cut)
-                                if envelope_parts else (None, 0))
-    routes, route_rows = (month_rows.write(store, ROUTES, exported, cut) if route_parts
-                          else (None, 0))
-    copied = [p.name for p in parts + envelope_parts + route_parts]
+    copied, copies, counts = [p.name for p in parts], {}, {}
+    for rows in ROW_TABLES:
+        with store.db.cursor() as cur:
+            months = trail_partitions.droppable(cur, cut, rows.table)
+        if months:
+            copies[rows.table], counts[rows.table] = month_rows.write(store, rows, exported, cut)
+            copied += [p.name for p in months]
     name = f"cut-{cut.isoformat()}.json"
     _write(Path(directory) / name, checkpoint.to_json())
     exported.cuts = [c for c in exported.cuts if c.cut != cut]
     exported.cuts.append(trail_export.Cut(
         cut=cut, checkpoint=name, upto_id=exported.upto_id,
-        partitions=copied, envelopes=envelopes, envelope_rows=envelope_rows,
-        routes=routes, route_rows=route_rows))
+        partitions=copied, envelope_rows=counts.get("envelopes", 0),
+        route_rows=counts.get("routes", 0), **copies))
     exported.save()
     return ArchiveResult(cut=cut, partitions=copied,
                          entries=0 if batch is None else batch.rows,
                          batch=None if batch is None else batch.dir, checkpoint=name,
-                         envelopes=envelope_rows, routes=route_rows)
+                         **counts)
 
 
 def prune(store: EnvelopeStore, directory: str, cut: date, *,
@@ -142,51 +153,85 @@ def prune(store: EnvelopeStore, directory: str, cut: date, *,
     # (a prune cut short is run again: the trail's months may be gone, the rest not yet)
     with store.db.cursor() as cur:
         left = {t: trail_partitions.droppable(cur, cut, t)
-                for t in ("trail", "envelopes", "routes")}
+                for t in ("trail", *(rows.table for rows in ROW_TABLES))}
     if not any(left.values()):
         raise InvalidInput(f"no partition of the trail is wholly older than {cut}: "
                            "nothing to prune")
-    names = [p.name for p in left["trail"]]
-    month_rows.check(store, ENVELOPES, exported, cut, taken.envelopes, left["trail"])
-    month_rows.check(store, ROUTES, exported, cut, taken.routes, left["trail"])
-    dropped = kept = 0
-    trail_locked_s = 0.0
+    horizon = _plan(store, cut, left) if left["trail"] else 0
+    for rows in ROW_TABLES:
+        month_rows.check(store, rows, exported, cut, getattr(taken, rows.table),
+                         left["trail"])
+    trail = _Trail()
     if left["trail"]:
-        dropped, kept, trail_locked_s = _prune_trail(store, exported, left["trail"], cut,
-                                                     checkpoint)
+        trail = _prune_trail(store, exported, left["trail"], cut, checkpoint, horizon)
     # the months' signals, which their signal_emitted entries (archived) repeat
     with _busy("signals"), store.db.transaction() as conn, conn.cursor() as cur:
         signals = trail_partitions.drop(
             cur, trail_partitions.droppable(cur, cut, "signals")).rows
-    # and the envelopes' and the routes' rows that nothing left in Postgres needs
-    with _busy("envelopes"):
-        envelopes = month_rows.prune(store, ENVELOPES, cut)
-    with _busy("routes"):
-        routes = month_rows.prune(store, ROUTES, cut)
-    return PruneResult(cut=cut, partitions=names + [p.name for p in left["envelopes"]
-                                                    + left["routes"]],
-                       dropped=dropped, kept=kept, signals=signals,
+    # and the rows of the other tables that nothing left in Postgres needs
+    done = {}
+    for rows in ROW_TABLES:
+        with _busy(rows.table):
+            done[rows.table] = month_rows.prune(store, rows, cut)
+    envelopes, routes = done["envelopes"], done["routes"]
+    return PruneResult(cut=cut, partitions=[p.name for months in left.values() for p in months],
+                       dropped=trail.dropped, kept=trail.kept, signals=signals,
                        envelopes=envelopes.dropped, envelopes_kept=envelopes.kept,
                        envelopes_locked_s=envelopes.locked_s,
                        envelopes_locked_total_s=envelopes.locked_total_s,
-                       trail_locked_s=trail_locked_s, routes=routes.dropped,
-                       routes_kept=routes.kept, routes_locked_s=routes.locked_s)
+                       trail_locked_s=trail.locked_s, routes=routes.dropped,
+                       routes_kept=routes.kept, routes_locked_s=routes.locked_s,
+                       chains=trail.chains, commands=done["commands"].dropped,
+                       sagas=done["sagas"].dropped, saga_steps=done["saga_steps"].dropped)
+
+
+def _plan(store: EnvelopeStore, cut: date, left: dict[str, list[Partition]]) -> int:
+    """The horizon (`month_rows.horizon`), then the commands' and sagas' chains that leave
+    whole planned beside it (`history_archive.choose`); the horizon."""
+    with store.db.cursor() as cur:
+        horizon = month_rows.horizon(cur)
+    with store.db.transaction() as conn, conn.cursor() as cur:
+        history_archive.choose(cur, {"cut": cut, **{
+            t: trail_partitions.oids(cur, left[t]) for t in ("trail", "sagas", "commands")}})
+    return horizon
+
+
+class _Trail(NamedTuple):
+    """What the trail's part of a prune did."""
+
+    dropped: int = 0
+    kept: int = 0
+    locked_s: float = 0.0
+    chains: int = 0
 
 
 def _prune_trail(store: EnvelopeStore, exported: trail_export.Export, parts: list[Partition],
-                 cut: date, checkpoint: str) -> tuple[int, int, float]:
-    """The trail's months: checked, what stays kept, then dropped; (dropped, kept, how long
-    the trail's lock was held)."""
+                 cut: date, checkpoint: str, horizon: int) -> _Trail:
+    """The trail's months: checked, what stays kept, then dropped with the chains planned
+    to leave whole (sealed under the lock: `history_archive.seal`)."""
     with store.db.transaction() as conn, conn.cursor() as cur:
         _check_archived(cur, exported, parts, cut)
         kept = trail_partitions.keep(cur, parts, cut)
     with _busy("trail"), store.db.transaction() as conn, conn.cursor() as cur:
-        dropped, locked_s = trail_partitions.drop(cur, parts)
         cur.execute("INSERT INTO agentpost.trail_prunes (cut, checkpoint, partitions,"
-                    " dropped, kept, archive) VALUES (%s, %s, %s, %s, %s, %s)",
-                    (cut, checkpoint, [p.name for p in parts], dropped, kept,
+                    " dropped, kept, archive) VALUES (%s, %s, %s, 0, %s, %s) RETURNING id",
+                    (cut, checkpoint, [p.name for p in parts], kept,
                      str(exported.path)[:4096]))
-    return dropped, kept, locked_s
+        prune_id = cur.fetchone()[0]
+        cur.execute("SELECT EXISTS (SELECT 1 FROM agentpost.trail_pruned_chains"
+                    " WHERE prune IS NULL)")
+        chains: list[int] = []
+        seal = None
+        if cur.fetchone()[0]:  # the system chain's lock before the trail's (see `drop`)
+            cur.execute(f"SET LOCAL lock_timeout = {trail_partitions.LOCK_TIMEOUT_MS}")
+            cur.execute("SELECT agentpost._lock_chains(ARRAY[%s])", (SYSTEM_CHAIN,))
+
+            def seal(c: Any) -> None:
+                chains.append(history_archive.seal(c, store._key, cut, prune_id, horizon))
+        dropped, locked_s = trail_partitions.drop(cur, parts, under_lock=seal)
+        cur.execute("UPDATE agentpost.trail_prunes SET dropped = %s WHERE id = %s",
+                    (dropped, prune_id))
+    return _Trail(dropped, kept, locked_s, sum(chains))
 
 
 @contextmanager

@@ -79,6 +79,10 @@ class Cut(BaseModel):
     #: the same for the route rows of its months (`store.route_archive`)
     routes: str | None = Field(default=None, pattern=r"^routes-\d{4}-\d{2}-\d{2}$")
     route_rows: int = Field(default=0, ge=0)
+    #: and for the commands, the sagas and their steps (`store.history_archive`)
+    commands: str | None = Field(default=None, pattern=r"^commands-\d{4}-\d{2}-\d{2}$")
+    sagas: str | None = Field(default=None, pattern=r"^sagas-\d{4}-\d{2}-\d{2}$")
+    saga_steps: str | None = Field(default=None, pattern=r"^saga_steps-\d{4}-\d{2}-\d{2}$")
 
 
 class Export(BaseModel):

@@ -14,6 +14,7 @@ entry says the same, and is archived. The envelopes' and routes' rows that stay 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, date, datetime
 from typing import Any, NamedTuple
 
@@ -23,7 +24,8 @@ __all__ = ["Dropped", "Partition", "drop", "droppable", "ensure_partitions", "ke
 
 #: the partitioned history tables, each with `<table>_pYYYYMM` months and `<table>_legacy`,
 #: and the column that says how old a row is
-TABLES = {"trail": "at", "signals": "at", "envelopes": "created_at", "routes": "updated_at"}
+TABLES = {"trail": "at", "signals": "at", "envelopes": "created_at", "routes": "updated_at",
+          "commands": "updated_at", "sagas": "updated_at", "saga_steps": "part_day"}
 #: the tables whose rows no statement of the store updates or deletes (but the prune's own)
 APPEND_ONLY = frozenset({"trail", "signals"})
 #: how long a prune waits for the trail's lock before it gives up (agents keep writing)
@@ -85,7 +87,7 @@ def _month_end(name: str) -> date:
 
 
 def _sized(cur: Any, name: str) -> Partition:
-    if name.startswith(("envelopes_", "routes_")):  # ids are text: no range
+    if not name.startswith(("trail_", "signals_")):  # ids are text (or none): no range
         cur.execute(f"SELECT count(*), NULL, NULL FROM agentpost.{_ident(name)}")
     else:
         cur.execute(f"SELECT count(*), min(id), max(id) FROM agentpost.{_ident(name)}")
@@ -101,7 +103,8 @@ def _ident(name: str) -> str:
 
 # The entries of the partitions dropped that stay (moved to trail_kept), and why:
 # - each chain's last entry in them: the next entry of the chain links to it, and a
-#   verification since the cut's checkpoint re-reads it as the chain's head;
+#   verification since the cut's checkpoint re-reads it as the chain's head; but for the
+#   chains that leave whole (`history_archive.choose` planned them in trail_pruned_chains);
 # - the system chain whole: the registry's rows are checked against all of its entries;
 # - every entry of an envelope still open (not consumed, rejected or undeliverable), or named
 #   by an entry that stays (a head above included): the row checks read its creation and
@@ -121,7 +124,8 @@ KEEP = (
     f" WHERE t.chain = 'system' AND {_OLD}",
     f"INSERT INTO agentpost_keep SELECT t.id FROM agentpost.trail t"
     f" JOIN (SELECT t.chain, max(t.chain_seq) AS seq FROM agentpost.trail t WHERE {_OLD}"
-    f"        GROUP BY t.chain) h ON h.chain = t.chain AND h.seq = t.chain_seq WHERE {_OLD}",
+    f"        GROUP BY t.chain) h ON h.chain = t.chain AND h.seq = t.chain_seq WHERE {_OLD}"
+    f" AND NOT EXISTS (SELECT 1 FROM agentpost.trail_pruned_chains p WHERE p.chain = t.chain)",
     "INSERT INTO agentpost_open SELECT e.id FROM agentpost.envelopes e"
     " WHERE e.status IN ('validated', 'acknowledged') AND e.consumed_at IS NULL"
     " UNION SELECT x.envelope_id FROM agentpost.trail x"
@@ -165,7 +169,8 @@ class Dropped(NamedTuple):
     locked_s: float
 
 
-def drop(cur: Any, partitions: list[Partition], rows: int | None = None) -> Dropped:
+def drop(cur: Any, partitions: list[Partition], rows: int | None = None,
+         under_lock: Callable[[Any], None] | None = None) -> Dropped:
     """Detach and drop `partitions`, all of one table, in the caller's transaction. It takes
     the table's ACCESS EXCLUSIVE lock before any other lock on the table itself (the months'
     SHARE locks below are on the months alone), waiting at most LOCK_TIMEOUT_MS: taken as an
@@ -182,7 +187,7 @@ def drop(cur: Any, partitions: list[Partition], rows: int | None = None) -> Drop
     update by id locks every month, so a SHARE lock on one would hold every agent's write),
     are counted by the caller, beside the agents, and given as `rows`
     (`month_rows.prune`: under the lock, a count held every agent's step for as long
-    as a month takes to read)."""
+    as a month takes to read). `under_lock` runs once the lock is had, before the drop."""
     names = [_ident(p.name) for p in partitions]
     parents = {n.rsplit("_", 1)[0] for n in names}
     if len(parents) > 1:
@@ -196,6 +201,8 @@ def drop(cur: Any, partitions: list[Partition], rows: int | None = None) -> Drop
         rows = _count(cur, names)
     cur.execute(f"LOCK TABLE agentpost.{parent} IN ACCESS EXCLUSIVE MODE")
     locked = time.perf_counter()
+    if under_lock is not None:
+        under_lock(cur)
     for name in names:
         cur.execute(f"ALTER TABLE agentpost.{parent} DETACH PARTITION agentpost.{name}")
         cur.execute(f"DROP TABLE agentpost.{name}")
