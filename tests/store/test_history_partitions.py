@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import pytest
 from agentpost.store import EnvelopeStore
 from agentpost.store.commands import CommandLedger
 from agentpost.store.routes import RouteStore
+from agentpost.store.trail_partitions import droppable
 from dbtools import connect, rows
 
 TABLES = ("commands", "sagas", "saga_steps", "routes")
@@ -260,5 +261,18 @@ def test_a_store_upgraded_keeps_its_commands_sagas_and_routes(empty_dsn: str,
             _book(store, "trip-2", calls)
             assert rows(conn, "SELECT count(*) FROM agentpost.commands_legacy")[0][0] == 1
             assert store.verify_trail().ok
+            # the steps' legacy partition goes when the sagas' does, never before: a cut
+            # after every command but before the saga's last change lets neither go
+            rows(conn, "UPDATE agentpost.sagas SET updated_at = now() + interval '3 days'")
+            tomorrow = datetime.now(UTC).date() + timedelta(days=1)
+            with store.db.cursor() as cur:
+                due = {t: [p.name for p in droppable(cur, tomorrow, t)]
+                       for t in ("commands", "sagas", "saga_steps")}
+            assert due["commands"][:1] == ["commands_legacy"]
+            assert "sagas_legacy" not in due["sagas"]
+            assert "saga_steps_legacy" not in due["saga_steps"]
+            rows(conn, "UPDATE agentpost.sagas SET updated_at = now()")
+            with store.db.cursor() as cur:
+                assert droppable(cur, tomorrow, "saga_steps")[0].name == "saga_steps_legacy"
     finally:
         conn.close()

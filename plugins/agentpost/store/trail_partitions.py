@@ -25,7 +25,7 @@ __all__ = ["Dropped", "Partition", "drop", "droppable", "ensure_partitions", "ke
 #: the partitioned history tables, each with `<table>_pYYYYMM` months and `<table>_legacy`,
 #: and the column that says how old a row is
 TABLES = {"trail": "at", "signals": "at", "envelopes": "created_at", "routes": "updated_at",
-          "commands": "updated_at", "sagas": "updated_at", "saga_steps": "part_day"}
+          "commands": "updated_at", "sagas": "updated_at", "saga_steps": "updated_at"}
 #: the tables whose rows no statement of the store updates or deletes (but the prune's own)
 APPEND_ONLY = frozenset({"trail", "signals"})
 #: how long a prune waits for the trail's lock before it gives up (agents keep writing)
@@ -64,11 +64,22 @@ def droppable(cur: Any, cut: date, table: str = "trail") -> list[Partition]:
             out.append(_sized(cur, name))
         elif name == f"{table}_legacy":
             part = _sized(cur, name)
-            cur.execute(f"SELECT max({TABLES[table]}) FROM agentpost.{name}")
-            newest = cur.fetchone()[0]
-            if part.entries and newest < midnight:
+            newest = _newest(cur, table)
+            if part.entries and newest is not None and newest < midnight:
                 out.append(part)
     return sorted(out, key=lambda p: (not p.name.endswith("_legacy"), p.name))
+
+
+def _newest(cur: Any, table: str) -> Any:
+    """How old the newest row of `table`'s legacy partition is. A saga's steps go with their
+    saga (they share its partition, and moving a step apart from it is refused), so their
+    legacy partition is as old as the sagas'."""
+    source, column = ("sagas", "updated_at") if table == "saga_steps" else (table, TABLES[table])
+    cur.execute("SELECT to_regclass(%s) IS NOT NULL", (f"agentpost.{source}_legacy",))
+    if not cur.fetchone()[0]:
+        return None
+    cur.execute(f"SELECT max({column}) FROM agentpost.{source}_legacy")
+    return cur.fetchone()[0]
 
 
 def _month(name: str) -> str | None:
